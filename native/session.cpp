@@ -1,0 +1,853 @@
+// Speculative sessions: the draft -> verify -> accept -> rollback loop, in native code.
+//
+// The loop follows upstream's reference driver (examples/speculative-simple) and the server's rule for
+// recurrent targets: a target with a snapshot ring rolls back in place when the draft fits the ring, and
+// falls back to checkpoint + replay when it does not (or when the arch keeps no ring at all).
+#include "shim_common.h"
+
+#include "common.h"
+#include "sampling.h"
+#include "speculative.h"
+#include "llama-ext.h"
+#include "llama-model.h"  // whether a drafter has its own LM head
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+
+namespace {
+
+enum rollback_kind : int32_t {
+    ROLLBACK_NONE = 0,
+    ROLLBACK_KV = 1,          // attention-only memory: partial seq_rm
+    ROLLBACK_RING = 2,        // recurrent-state snapshot ring (n_rs_seq)
+    ROLLBACK_CHECKPOINT = 3,  // save state before verify, restore + replay after a partial accept
+};
+
+int64_t now_us() { return ggml_time_us(); }
+
+struct scoped_timer {
+    double & acc_ms;
+    int64_t t0;
+    explicit scoped_timer(double & acc) : acc_ms(acc), t0(now_us()) {}
+    ~scoped_timer() { acc_ms += (now_us() - t0) / 1000.0; }
+};
+
+bool is_model_drafter(common_speculative_type t) {
+    return t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 || t == COMMON_SPECULATIVE_TYPE_DRAFT_MTP ||
+           t == COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH || t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK;
+}
+
+bool has_type(const std::vector<common_speculative_type> & types, common_speculative_type t) {
+    return std::find(types.begin(), types.end(), t) != types.end();
+}
+
+// target top-1 minus top-2 logit: how close the target's own choice was to a tie at this position
+float top2_margin(const float * logits, int32_t n_vocab) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float v = logits[i];
+        if (v > a) {
+            b = a;
+            a = v;
+        } else if (v > b) {
+            b = v;
+        }
+    }
+    return a - b;
+}
+
+}  // namespace
+
+struct pls_session {
+    pls_model * target = nullptr;
+    pls_model * drafter = nullptr;
+    pls_session_params sp{};
+    common_params params;
+
+    llama_context_ptr ctx_tgt;
+    llama_context_ptr ctx_dft;
+    common_speculative * spec = nullptr;
+    common_sampler_ptr smpl;
+
+    int32_t n_max_effective = 0;
+    int32_t block_size = 0;
+    int32_t rollback_tgt = ROLLBACK_NONE;
+    int32_t rollback_dft = ROLLBACK_NONE;
+    bool use_ckpt_tgt_always = false;  // FULL: every verify with a draft is checkpointed
+    bool use_ckpt_dft = false;
+    int32_t n_rs_seq = 0;
+    uint64_t ring_bytes = 0;
+    int32_t n_vocab = 0;
+    std::string draft_device = "none";
+
+    // generation state (sequence 0)
+    bool active = false;
+    llama_tokens prompt_tgt;
+    llama_tokens draft;
+    llama_token id_last = 0;
+    int32_t n_past = 0;
+    int32_t n_predict = -1;
+    int64_t n_emitted = 0;
+    common_prompt_checkpoint ckpt;
+    bool ckpt_valid = false;   // a target checkpoint was taken for the draft being verified
+    int32_t finish = PLS_FINISH_NONE;
+    std::atomic<bool> stop_requested{false};
+
+    pls_stats stats{};
+
+    ~pls_session() {
+        if (spec) {
+            common_speculative_free(spec);
+        }
+        smpl.reset();
+        ctx_dft.reset();
+        ctx_tgt.reset();
+    }
+};
+
+namespace {
+
+const llama_seq_id SEQ = 0;
+
+void fill_common_params(pls_session & s) {
+    const pls_session_params & p = s.sp;
+    common_params & c = s.params;
+    c.n_ctx = p.n_ctx;
+    c.n_batch = p.n_batch;
+    c.n_ubatch = p.n_ubatch;
+    c.n_parallel = p.n_parallel;
+    if (p.n_threads > 0) {
+        c.cpuparams.n_threads = p.n_threads;
+    }
+    c.cpuparams_batch.n_threads = p.n_threads_batch > 0 ? p.n_threads_batch : c.cpuparams.n_threads;
+    c.cache_type_k = p.type_k >= 0 ? (ggml_type) p.type_k : GGML_TYPE_F16;
+    c.cache_type_v = p.type_v >= 0 ? (ggml_type) p.type_v : GGML_TYPE_F16;
+    c.flash_attn_type = p.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                        : (p.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED);
+    c.warmup = false;
+
+    c.sampling.temp = p.temp;
+    c.sampling.top_k = p.top_k;
+    c.sampling.top_p = p.top_p;
+    c.sampling.min_p = p.min_p;
+    c.sampling.seed = p.seed;
+
+    auto & sp = c.speculative;
+    sp.types.clear();
+    for (int32_t i = 0; i < p.n_spec_types; ++i) {
+        sp.types.push_back((common_speculative_type) p.spec_types[i]);
+    }
+    if (sp.types.empty()) {
+        sp.types.push_back(COMMON_SPECULATIVE_TYPE_NONE);
+    }
+    sp.draft.n_max = p.n_max;
+    sp.draft.n_min = p.n_min;
+    sp.draft.p_min = p.p_min;
+    sp.draft.backend_sampling = p.draft_backend_sampling != 0;
+    sp.draft.cache_type_k = p.type_k_draft >= 0 ? (ggml_type) p.type_k_draft : GGML_TYPE_F16;
+    sp.draft.cache_type_v = p.type_v_draft >= 0 ? (ggml_type) p.type_v_draft : GGML_TYPE_F16;
+    if (p.n_threads_draft > 0) {
+        sp.draft.cpuparams.n_threads = p.n_threads_draft;
+        sp.draft.cpuparams_batch.n_threads = p.n_threads_draft;
+    }
+    if (p.ngram_size_n > 0) {
+        sp.ngram_simple.size_n = sp.ngram_map_k.size_n = sp.ngram_map_k4v.size_n = (uint16_t) p.ngram_size_n;
+    }
+    if (p.ngram_size_m > 0) {
+        sp.ngram_simple.size_m = sp.ngram_map_k.size_m = sp.ngram_map_k4v.size_m = (uint16_t) p.ngram_size_m;
+    }
+    if (p.ngram_min_hits > 0) {
+        sp.ngram_simple.min_hits = sp.ngram_map_k.min_hits = sp.ngram_map_k4v.min_hits = (uint16_t) p.ngram_min_hits;
+    }
+    if (p.ngram_mod_n_match > 0) {
+        sp.ngram_mod.n_match = p.ngram_mod_n_match;
+    }
+    if (p.ngram_mod_n_min > 0) {
+        sp.ngram_mod.n_min = p.ngram_mod_n_min;
+    }
+    if (p.ngram_mod_n_max > 0) {
+        sp.ngram_mod.n_max = p.ngram_mod_n_max;
+    }
+}
+
+// Target graphs that record layer inputs (res->t_layer_inp), and the few that also record the final one
+// (upstream src/models/*.cpp at the pinned commit): tapping any other layer trips a GGML_ASSERT.
+bool arch_exports_layer_inputs(const std::string & arch) {
+    static const char * archs[] = { "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp",
+        "gemma4", "muse-glimmer", "deepseek4", "nemotron_h", "nemotron_h_moe", "bailingmoe3", "hunyuan_vl",
+        "gpt-oss", "lfm2", "lfm2moe", "minimax-01", "minimax-m2", "mimo2", "nanbeige" };
+    return std::find(std::begin(archs), std::end(archs), arch) != std::end(archs);
+}
+
+bool arch_exports_final_layer_input(const std::string & arch) {
+    return arch == "deepseek4" || arch == "nemotron_h" || arch == "nemotron_h_moe" || arch == "mimo2";
+}
+
+std::string target_arch(const llama_model * m) {
+    char buf[64];
+    return llama_model_meta_val_str(m, "general.architecture", buf, sizeof(buf)) < 0 ? std::string() : std::string(buf);
+}
+
+// Everything that upstream would assert on, checked up front so the caller gets a message instead of an abort.
+void validate(pls_session & s) {
+    const pls_session_params & p = s.sp;
+    const auto & types = s.params.speculative.types;
+    auto fail = [](const std::string & m) { throw std::invalid_argument(m); };
+
+    if (p.n_parallel != 1) {
+        fail("n_parallel=" + std::to_string(p.n_parallel) + ": a session drives one sequence; open one session per stream");
+    }
+    if (p.n_ctx < 8) {
+        fail("n_ctx=" + std::to_string(p.n_ctx) + " is too small");
+    }
+    if (p.n_ubatch < 1 || p.n_batch < p.n_ubatch) {
+        fail("n_batch=" + std::to_string(p.n_batch) + " must be >= n_ubatch=" + std::to_string(p.n_ubatch) + " >= 1");
+    }
+    if (p.n_max < 0 || p.n_max > PLS_MAX_DRAFT) {
+        fail("n_max=" + std::to_string(p.n_max) + " must be within 0.." + std::to_string(PLS_MAX_DRAFT));
+    }
+    for (auto t : types) {
+        if ((int) t < 0 || t >= COMMON_SPECULATIVE_TYPE_COUNT) {
+            fail("unknown speculative type value " + std::to_string((int) t));
+        }
+    }
+    const bool needs_drafter = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) ||
+                               has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) ||
+                               has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) ||
+                               has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK);
+    if (needs_drafter && s.drafter == nullptr) {
+        fail("speculative type " + common_speculative_type_name_str(types) + " needs a drafter model (-md)");
+    }
+    if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP) && s.drafter == nullptr &&
+        llama_model_n_layer_nextn(s.target->model) <= 0) {
+        fail("draft-mtp needs a target with MTP (NextN) layers loaded; this target has none");
+    }
+
+    const llama_model * mt = s.target->model;
+    if (s.drafter != nullptr) {
+        const llama_model * md = s.drafter->model;
+        const int32_t nv_t = llama_vocab_n_tokens(llama_model_get_vocab(mt));
+        const int32_t nv_d = llama_vocab_n_tokens(llama_model_get_vocab(md));
+        const bool block = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) ||
+                           has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK);
+        const bool borrows = block || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
+        if (borrows) {
+            if (llama_model_n_embd(md) != llama_model_n_embd(mt)) {
+                fail("pairing: hidden size (n_embd): target has " + std::to_string(llama_model_n_embd(mt)) +
+                     ", drafter has " + std::to_string(llama_model_n_embd(md)) + " - this drafter was trained for another target");
+            }
+            const std::string arch = target_arch(mt);
+            if (!arch_exports_layer_inputs(arch)) {
+                fail("pairing: target arch '" + arch + "' does not export layer inputs, which DFlash/EAGLE3 drafters "
+                     "read; this drafter cannot run with it");
+            }
+            const uint32_t n_ids = llama_model_target_layer_ids_n(md);
+            const int32_t * ids = llama_model_target_layer_ids(md);
+            // drafters tap the input of layer L; most graphs record it for L < n_layer only
+            // EAGLE3 reads id n_layer (the final hidden state) through the NextN embeddings instead
+            const bool eagle3 = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
+            const int32_t hi = llama_model_n_layer(mt) - (eagle3 || arch_exports_final_layer_input(arch) ? 0 : 1);
+            for (uint32_t i = 0; i < n_ids; ++i) {
+                if (ids[i] < 1 || ids[i] > hi) {
+                    fail("pairing: target layer id " + std::to_string(ids[i]) + " (GGUF, HF id + 1) is outside 1.." +
+                         std::to_string(hi) + " for a target with " + std::to_string(llama_model_n_layer(mt)) + " layers");
+                }
+            }
+            if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) && n_ids != 3) {
+                fail("pairing: an EAGLE3 drafter taps exactly 3 target layers, this one lists " + std::to_string(n_ids));
+            }
+        }
+        if (block) {
+            const llama_token mask = llama_vocab_mask(llama_model_get_vocab(md));
+            if (mask < 0 || mask >= nv_t) {
+                fail("pairing: mask token id " + std::to_string(mask) + " is outside the target vocab (" +
+                     std::to_string(nv_t) + " tokens)");
+            }
+        }
+        if (nv_d != nv_t && !(borrows && md->output == nullptr)) {
+            if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) ? std::abs(nv_d - nv_t) > 128 : true) {
+                fail("pairing: vocab size: target has " + std::to_string(nv_t) + " tokens, drafter has " +
+                     std::to_string(nv_d) + " - drafter and target must share a tokenizer");
+            }
+        }
+    }
+}
+
+// The effective draft length after each type's own clamp: known before any context exists, so the
+// target's snapshot ring can be sized from it (upstream sizes it from the unclamped request).
+void resolve_n_max(pls_session & s) {
+    int32_t n_max = s.sp.n_max;
+    const auto & types = s.params.speculative.types;
+    if (s.drafter != nullptr && (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) ||
+                                 has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK))) {
+        char buf[32];
+        const int32_t n = llama_model_meta_val_str(s.drafter->model, "dflash.block_size", buf, sizeof(buf));
+        s.block_size = n > 0 ? atoi(buf) : 16;
+        const int32_t cap = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) ? s.block_size : s.block_size - 1;
+        n_max = std::min(n_max, cap);
+    }
+    s.n_max_effective = n_max;
+    s.params.speculative.draft.n_max = n_max;
+    s.params.speculative.draft.n_min = std::min(s.params.speculative.draft.n_min, n_max);
+}
+
+void check_placement(pls_session & s) {
+    if (s.drafter == nullptr) {
+        return;
+    }
+    const auto & types = s.params.speculative.types;
+    const bool borrows_head = s.drafter->model->output == nullptr &&
+        (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) ||
+         has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3));
+    if (!borrows_head) {
+        return;
+    }
+    if (s.target->split_mode == LLAMA_SPLIT_MODE_TENSOR) {
+        throw std::invalid_argument(
+            "placement: this drafter borrows the target's LM head, which -sm tensor keeps in a meta buffer no drafter "
+            "can read; load the target with split mode 'layer'");
+    }
+    ggml_backend_dev_t head = llama_model_dev_output(s.target->model);
+    if (head == nullptr) {
+        return;  // host memory: every scheduler has the CPU backend
+    }
+    // the drafter's scheduler holds its model's devices (all GPUs when none were named) plus the CPU
+    const auto & devs = s.drafter->devices;
+    const bool all_gpus = devs.empty() && llama_model_n_devices(s.drafter->model) > 0;
+    bool ok = all_gpus;
+    for (int32_t i = 0; i < llama_model_n_devices(s.drafter->model) && !ok; ++i) {
+        ok = llama_model_get_device(s.drafter->model, i) == head;
+    }
+    if (!ok) {
+        std::string names;
+        for (int32_t i = 0; i < llama_model_n_devices(s.drafter->model); ++i) {
+            names += (names.empty() ? "" : ",") + pls::device_name(llama_model_get_device(s.drafter->model, i));
+        }
+        throw std::invalid_argument(
+            "placement: the drafter borrows the target's LM head (output.weight), which is on " + pls::device_name(head) +
+            ", but the drafter is placed on " + (names.empty() ? std::string("the CPU only") : names) +
+            "; put the drafter on " + pls::device_name(head) + " (-devd " + pls::device_name(head) +
+            ") or leave -devd unset");
+    }
+}
+
+void create_contexts(pls_session & s) {
+    common_params & c = s.params;
+    const auto & types = c.speculative.types;
+
+    const auto limits = common_speculative_get_output_limits(c.n_batch, c.n_parallel, s.n_max_effective);
+    c.n_outputs_max = limits.total;
+    c.n_outputs_max_per_seq = limits.per_seq;
+
+    llama_context_params cp = common_context_params_to_llama(c);
+    // ring on every rollback-capable target, for any speculative type: sized from the clamped draft length
+    const bool speculating = !has_type(types, COMMON_SPECULATIVE_TYPE_NONE);
+    int32_t want_ring = s.sp.n_rs_seq >= 0 ? s.sp.n_rs_seq : (speculating ? std::min(s.n_max_effective, 16) : 0);
+    if (llama_model_is_hybrid(s.target->model) || llama_model_is_recurrent(s.target->model)) {
+        if (want_ring > 0 && s.sp.n_ubatch <= want_ring + 1) {
+            throw std::invalid_argument("n_ubatch=" + std::to_string(s.sp.n_ubatch) + " must exceed n_rs_seq + 1 = " +
+                                        std::to_string(want_ring + 1) + " (the rollback window must fit one micro-batch)");
+        }
+    } else {
+        want_ring = 0;
+    }
+    cp.n_rs_seq = (uint32_t) want_ring;
+    if (speculating && s.sp.n_ubatch < s.n_max_effective + 1) {
+        throw std::invalid_argument("n_ubatch=" + std::to_string(s.sp.n_ubatch) + " must be at least n_max + 1 = " +
+                                    std::to_string(s.n_max_effective + 1) + " (a verify batch holds the draft and one more token)");
+    }
+
+    s.ctx_tgt.reset(llama_init_from_model(s.target->model, cp));
+    if (!s.ctx_tgt) {
+        const std::string why = pls::take_last_error();
+        throw std::runtime_error("failed to create the target context" + (why.empty() ? std::string() : ": " + why));
+    }
+    s.n_rs_seq = (int32_t) llama_n_rs_seq(s.ctx_tgt.get());
+
+    const bool need_dft_ctx = s.drafter != nullptr || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
+    if (need_dft_ctx) {
+        common_params pd = common_base_params_to_speculative(c);
+        llama_context_params cpd = common_context_params_to_llama(pd);
+        if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP)) {
+            cpd.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+        }
+        cpd.n_ctx = llama_n_ctx(s.ctx_tgt.get());
+        cpd.n_rs_seq = 0;
+        cpd.ctx_other = s.ctx_tgt.get();
+        llama_model * md = s.drafter ? s.drafter->model : s.target->model;
+        s.ctx_dft.reset(llama_init_from_model(md, cpd));
+        if (!s.ctx_dft) {
+            const std::string why = pls::take_last_error();
+            throw std::runtime_error("failed to create the draft context" + (why.empty() ? std::string() : ": " + why));
+        }
+        c.speculative.draft.ctx_dft = s.ctx_dft.get();
+        ggml_backend_dev_t dd = s.drafter && llama_model_n_devices(md) > 0 ? llama_model_get_device(md, 0) : nullptr;
+        s.draft_device = s.drafter ? pls::device_name(dd) : pls::device_name(nullptr);
+    }
+    c.speculative.draft.ctx_tgt = s.ctx_tgt.get();
+
+    // how each context rolls back: probed once (the probe clears the memory, harmless before any prompt)
+    const auto tgt_rm = common_context_can_seq_rm(s.ctx_tgt.get());
+    if (tgt_rm == COMMON_CONTEXT_SEQ_RM_TYPE_NO && speculating) {
+        throw std::runtime_error("the target context cannot remove tokens, so speculative decoding cannot roll back");
+    }
+    s.rollback_tgt = tgt_rm == COMMON_CONTEXT_SEQ_RM_TYPE_RS ? ROLLBACK_RING
+                   : tgt_rm == COMMON_CONTEXT_SEQ_RM_TYPE_FULL ? ROLLBACK_CHECKPOINT : ROLLBACK_KV;
+    s.use_ckpt_tgt_always = tgt_rm == COMMON_CONTEXT_SEQ_RM_TYPE_FULL;
+    if (s.ctx_dft) {
+        const auto dft_rm = common_context_can_seq_rm(s.ctx_dft.get());
+        s.use_ckpt_dft = dft_rm == COMMON_CONTEXT_SEQ_RM_TYPE_FULL;
+        s.rollback_dft = dft_rm == COMMON_CONTEXT_SEQ_RM_TYPE_RS ? ROLLBACK_RING
+                       : dft_rm == COMMON_CONTEXT_SEQ_RM_TYPE_FULL ? ROLLBACK_CHECKPOINT : ROLLBACK_KV;
+    }
+    if (s.n_rs_seq > 0) {
+        // one plane per snapshot, per sequence: the partial (recurrent) state of one sequence is one plane
+        s.ring_bytes = (uint64_t) llama_state_seq_get_size_ext(s.ctx_tgt.get(), SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) *
+                       (uint64_t) s.n_rs_seq * (uint64_t) std::max(1, s.sp.n_parallel);
+    }
+}
+
+void reset_generation(pls_session & s) {
+    llama_memory_clear(llama_get_memory(s.ctx_tgt.get()), true);
+    if (s.ctx_dft) {
+        llama_memory_clear(llama_get_memory(s.ctx_dft.get()), true);
+    }
+    if (s.spec) {
+        common_speculative_free(s.spec);
+        s.spec = nullptr;
+    }
+    if (!has_type(s.params.speculative.types, COMMON_SPECULATIVE_TYPE_NONE)) {
+        s.spec = common_speculative_init(s.params.speculative, 1);
+        if (s.spec == nullptr) {
+            throw std::runtime_error("failed to initialize speculative decoding for " +
+                                     common_speculative_type_name_str(s.params.speculative.types));
+        }
+    }
+    s.smpl.reset(common_sampler_init(s.target->model, s.params.sampling));
+    s.prompt_tgt.clear();
+    s.draft.clear();
+    s.ckpt.clear();
+    s.ckpt_valid = false;
+    s.n_past = 0;
+    s.n_emitted = 0;
+    s.finish = PLS_FINISH_NONE;
+    s.stop_requested.store(false);
+    s.active = false;
+}
+
+void decode_or_throw(llama_context * ctx, common_batch & batch, const char * what) {
+    const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    if (rc != 0) {
+        const std::string why = pls::take_last_error();
+        throw std::runtime_error(std::string(what) + " failed (llama_process returned " + std::to_string(rc) + ")" +
+                                 (why.empty() ? std::string() : ": " + why));
+    }
+}
+
+void begin(pls_session & s, const int32_t * prompt, int32_t n_prompt, int32_t n_predict) {
+    if (n_prompt < 1) {
+        throw std::invalid_argument("the prompt is empty");
+    }
+    const int32_t n_ctx = (int32_t) llama_n_ctx(s.ctx_tgt.get());
+    if (n_prompt + 1 > n_ctx) {
+        throw std::length_error("the prompt has " + std::to_string(n_prompt) + " tokens, but the context holds " +
+                                std::to_string(n_ctx) + " (n_ctx); raise n_ctx or shorten the prompt");
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s.target->model));
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        if (prompt[i] < 0 || prompt[i] >= n_vocab) {
+            throw std::invalid_argument("prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                                        " is outside the vocab (" + std::to_string(n_vocab) + ")");
+        }
+    }
+    reset_generation(s);
+    s.n_predict = n_predict;
+    s.stats.n_prompt += n_prompt;
+
+    llama_tokens inp(prompt, prompt + n_prompt);
+    {
+        scoped_timer t(s.stats.t_prefill_ms);
+        const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
+        common_batch batch(s.ctx_tgt.get());
+        for (int32_t i0 = 0; i0 < n_prompt - 1; i0 += n_batch) {
+            batch.clear();
+            const int32_t i1 = std::min(n_prompt - 1, i0 + n_batch);
+            for (int32_t i = i0; i < i1; ++i) {
+                batch.add(inp[i], i, SEQ, false);
+            }
+            decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
+            if (s.spec && !common_speculative_process(s.spec, batch)) {
+                throw std::runtime_error("the drafter failed to process the prompt");
+            }
+        }
+    }
+    s.id_last = inp.back();
+    s.prompt_tgt.assign(inp.begin(), inp.end() - 1);
+    s.prompt_tgt.reserve(n_ctx);
+    s.n_past = n_prompt - 1;
+    if (s.spec) {
+        common_speculative_begin(s.spec, SEQ, s.prompt_tgt);
+    }
+    s.active = true;
+}
+
+// One verify step. Appends the committed tokens (and margins) and returns how many; sets s.finish at the end.
+int32_t step(pls_session & s, std::vector<int32_t> & out_tokens, std::vector<float> & out_margins) {
+    out_tokens.clear();
+    out_margins.clear();
+    if (!s.active) {
+        return 0;
+    }
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+    const int32_t n_ctx = (int32_t) llama_n_ctx(ctx_tgt);
+    const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
+    const int64_t t_step0 = now_us();
+
+    if (s.stop_requested.load()) {
+        s.finish = PLS_FINISH_STOPPED;
+        s.active = false;
+        return 0;
+    }
+    if (s.n_past + 1 >= n_ctx) {
+        s.finish = PLS_FINISH_CONTEXT;
+        s.active = false;
+        return 0;
+    }
+
+    const bool replay = !s.draft.empty();  // accepted tokens restored from a checkpoint, re-decoded as a draft
+    if (!replay && s.spec) {
+        scoped_timer t(s.stats.t_draft_ms);
+        s.ckpt.update_pos(s.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, SEQ), llama_memory_seq_pos_max(mem_tgt, SEQ));
+        if (s.use_ckpt_dft) {
+            s.ckpt.update_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        }
+        // n_max caps every type, n-gram ones included (their own lengths, e.g. size_m, are upper bounds too)
+        int32_t n_draft_max = std::min(s.n_max_effective, n_ctx - s.n_past - 2);
+        if (s.n_predict >= 0) {
+            n_draft_max = std::min<int32_t>(n_draft_max, s.n_predict - (int32_t) s.n_emitted - 1);
+        }
+        n_draft_max = std::max(n_draft_max, 0);
+        common_speculative_get_draft_params(s.spec, SEQ) = {
+            /* .drafting = */ true,
+            /* .n_max    = */ n_draft_max,
+            /* .pos0     = */ s.n_past,
+            /* .id_last  = */ s.id_last,
+            /* .prompt   = */ &s.prompt_tgt,
+            /* .result   = */ &s.draft,
+        };
+        common_speculative_draft(s.spec);
+        if ((int32_t) s.draft.size() > n_draft_max) {
+            s.draft.resize(n_draft_max);
+        }
+        s.ckpt_valid = false;
+        if (!s.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) s.draft.size() > s.n_rs_seq))) {
+            scoped_timer tr(s.stats.t_rollback_ms);
+            s.ckpt.update_tgt(ctx_tgt, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            s.ckpt_valid = true;
+        }
+        if (ctx_dft) {
+            // drop what the drafter wrote while drafting (e.g. the DFlash noise block) before the verify is injected
+            if (s.use_ckpt_dft) {
+                s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            }
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+        }
+    }
+    const size_t n_draft = s.draft.size();
+
+    // verify [id_last, draft...]
+    common_batch batch(ctx_tgt);
+    {
+        scoped_timer t(s.stats.t_verify_ms);
+        batch.add(s.id_last, s.n_past, SEQ, true);
+        for (size_t i = 0; i < n_draft; ++i) {
+            batch.add(s.draft[i], s.n_past + 1 + (int32_t) i, SEQ, true);
+        }
+        decode_or_throw(ctx_tgt, batch, "verification");
+        if (s.spec && !common_speculative_process(s.spec, batch)) {
+            throw std::runtime_error("the drafter failed to process the verified batch");
+        }
+    }
+    s.n_past += 1;
+
+    common_sampler_ptr smpl_save;
+    if (s.ckpt_valid) {
+        smpl_save.reset(common_sampler_clone(s.smpl.get()));
+    }
+    llama_tokens ids;
+    {
+        scoped_timer t(s.stats.t_sample_ms);
+        if (s.sp.force_reject && !replay) {
+            // zero-acceptance cost model: the target's own token at the first position, every draft token refused
+            ids = common_sampler_sample_and_accept_n(s.smpl.get(), ctx_tgt, llama_tokens());
+        } else {
+            ids = common_sampler_sample_and_accept_n(s.smpl.get(), ctx_tgt, s.draft);
+        }
+    }
+    const size_t n_accepted = ids.size() - 1;
+
+    if (s.ckpt_valid && n_accepted < n_draft) {
+        // restore the state before this verify and replay the accepted tokens as the next "draft"
+        scoped_timer t(s.stats.t_rollback_ms);
+        s.stats.n_rollback_checkpoint++;
+        s.stats.n_replayed += ids.size();
+        s.stats.n_drafted += n_draft;
+        s.stats.n_drafts++;
+        for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
+            s.stats.drafted_per_pos[i]++;
+        }
+        s.stats.n_accepted += n_accepted;
+        for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
+            s.stats.accepted_per_pos[i]++;
+        }
+        s.stats.n_steps++;
+        // the drafters hear about acceptance after the replay, whose verify batch they will have processed
+        s.draft = std::move(ids);
+        // the replay re-decodes id_last too: it is the last committed token, ids holds the new ones
+        s.ckpt.load_tgt(ctx_tgt, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(mem_tgt, SEQ, s.ckpt.pos_max + 1, -1);
+        if (ctx_dft) {
+            s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+        }
+        s.prompt_tgt.resize(s.ckpt.n_tokens);
+        s.smpl = std::move(smpl_save);
+        s.n_past = (int32_t) s.prompt_tgt.size();
+        s.ckpt_valid = false;
+        s.stats.t_decode_ms += (now_us() - t_step0) / 1000.0;
+        return 0;  // nothing committed yet: the next step replays and commits
+    }
+
+    if (!replay) {
+        s.stats.n_steps++;
+        if (n_draft > 0) {
+            s.stats.n_drafts++;
+        }
+        s.stats.n_drafted += n_draft;
+        s.stats.n_accepted += n_accepted;
+        for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
+            s.stats.drafted_per_pos[i]++;
+        }
+        for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
+            s.stats.accepted_per_pos[i]++;
+        }
+        if (s.spec) {
+            common_speculative_accept(s.spec, SEQ, (uint16_t) n_accepted);
+        }
+    } else if (s.spec) {
+        // the replay commits exactly what the checkpointed step accepted; drafters still need to hear it
+        common_speculative_accept(s.spec, SEQ, (uint16_t) n_accepted);
+    }
+
+    s.n_past += (int32_t) n_accepted;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        s.prompt_tgt.push_back(s.id_last);
+        s.id_last = ids[i];
+        if (llama_vocab_is_eog(vocab, s.id_last)) {
+            s.finish = PLS_FINISH_EOG;
+            break;
+        }
+        if (s.n_predict >= 0 && s.n_emitted >= s.n_predict) {
+            s.finish = PLS_FINISH_LENGTH;
+            break;
+        }
+        out_tokens.push_back(s.id_last);
+        if (s.sp.collect_margins) {
+            out_margins.push_back(top2_margin(llama_get_logits_ith(ctx_tgt, (int32_t) i), s.n_vocab));
+        }
+        s.n_emitted++;
+    }
+    s.draft.clear();
+
+    if (n_accepted < n_draft && !replay) {
+        (s.n_rs_seq > 0 ? s.stats.n_rollback_ring : s.stats.n_rollback_kv)++;
+    }
+    {
+        scoped_timer t(s.stats.t_rollback_ms);
+        if (!llama_memory_seq_rm(mem_tgt, SEQ, s.n_past, -1)) {
+            throw std::runtime_error("rollback of the target to position " + std::to_string(s.n_past) + " was refused");
+        }
+        if (ctx_dft && s.use_ckpt_dft && n_accepted < n_draft && !replay) {
+            // a drafter that cannot drop tokens (a hybrid draft model) saw the whole verify batch: restore its
+            // state from before the draft and feed it only what the target kept
+            s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+            common_batch kept(ctx_dft);
+            for (size_t i = 0; i <= n_accepted; ++i) {
+                kept.add(batch.tokens[i].id, s.ckpt.pos_max + 1 + (int32_t) i, SEQ, false);
+            }
+            decode_or_throw(ctx_dft, kept, "drafter catch-up");
+        } else if (ctx_dft) {
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.n_past, -1);
+        }
+    }
+    s.stats.n_generated += (int64_t) out_tokens.size();
+    if (s.finish == PLS_FINISH_NONE && s.n_predict >= 0 && s.n_emitted >= s.n_predict) {
+        s.finish = PLS_FINISH_LENGTH;
+    }
+    if (s.finish != PLS_FINISH_NONE) {
+        s.active = false;
+    }
+    s.stats.t_decode_ms += (now_us() - t_step0) / 1000.0;
+    return (int32_t) out_tokens.size();
+}
+
+}  // namespace
+
+extern "C" pls_session * pls_session_open(pls_model * target, pls_model * drafter, const pls_session_params * params,
+                                          char * err, size_t err_size) {
+    pls::ensure_init();
+    pls::clear_last_error();
+    if (target == nullptr || params == nullptr) {
+        pls::set_err(err, err_size, "no target model given");
+        return nullptr;
+    }
+    auto s = std::make_unique<pls_session>();
+    s->target = target;
+    s->drafter = drafter;
+    s->sp = *params;
+    try {
+        fill_common_params(*s);
+        validate(*s);
+        resolve_n_max(*s);
+        check_placement(*s);
+        create_contexts(*s);
+        s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(target->model));
+        reset_generation(*s);  // also proves the speculative engine accepts this configuration
+    } catch (const std::exception & e) {
+        pls::set_err(err, err_size, e.what());
+        return nullptr;
+    }
+    return s.release();
+}
+
+extern "C" void pls_session_close(pls_session * session) { delete session; }
+
+extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info * out) {
+    if (s == nullptr || out == nullptr) {
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    const auto & types = s->params.speculative.types;
+    for (size_t i = 0; i < types.size() && i < PLS_MAX_SPEC_TYPES; ++i) {
+        out->spec_types[i] = (int32_t) types[i];
+        out->n_spec_types++;
+    }
+    out->n_max_requested = s->sp.n_max;
+    out->n_max_effective = s->n_max_effective;
+    out->block_size = s->block_size;
+    out->is_dflash2 = s->drafter ? llama_model_dflash_selector_top_k(s->drafter->model) > 0 : 0;
+    out->n_rs_seq = s->n_rs_seq;
+    out->ring_bytes = s->ring_bytes;
+    out->rollback_target = s->rollback_tgt;
+    out->rollback_draft = s->rollback_dft;
+    out->n_ctx = (int32_t) llama_n_ctx(s->ctx_tgt.get());
+    out->n_batch = (int32_t) llama_n_batch(s->ctx_tgt.get());
+    out->n_ubatch = (int32_t) llama_n_ubatch(s->ctx_tgt.get());
+    out->n_parallel = s->sp.n_parallel;
+    if (s->drafter) {
+        const uint32_t n = llama_model_target_layer_ids_n(s->drafter->model);
+        const int32_t * ids = llama_model_target_layer_ids(s->drafter->model);
+        out->n_target_layers = (int32_t) n;
+        for (uint32_t i = 0; i < n && i < 16; ++i) {
+            out->target_layers[i] = ids[i];
+        }
+    }
+    snprintf(out->target_head_device, sizeof(out->target_head_device), "%s",
+             pls::device_name(llama_model_dev_output(s->target->model)).c_str());
+    snprintf(out->draft_device, sizeof(out->draft_device), "%s", s->draft_device.c_str());
+    return 0;
+}
+
+extern "C" int32_t pls_begin(pls_session * s, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
+                             char * err, size_t err_size) {
+    try {
+        begin(*s, prompt, n_prompt, n_predict);
+        return 0;
+    } catch (const std::length_error & e) {
+        pls::set_err(err, err_size, std::string("context: ") + e.what());
+        return -2;
+    } catch (const std::exception & e) {
+        s->active = false;
+        pls::set_err(err, err_size, e.what());
+        return -1;
+    }
+}
+
+extern "C" int32_t pls_step(pls_session * s, int32_t * tokens, float * margins, int32_t capacity, int32_t * finish,
+                            char * err, size_t err_size) {
+    if (capacity < PLS_MAX_DRAFT + 1) {
+        pls::set_err(err, err_size, "step buffer must hold at least PLS_MAX_DRAFT + 1 tokens");
+        return -1;
+    }
+    std::vector<int32_t> toks;
+    std::vector<float> mrg;
+    try {
+        int32_t n = 0;
+        // a checkpoint restore commits nothing; keep stepping until tokens arrive or generation ends
+        while (n == 0 && s->active) {
+            n = step(*s, toks, mrg);
+        }
+        std::copy(toks.begin(), toks.end(), tokens);
+        if (margins != nullptr && !mrg.empty()) {
+            std::copy(mrg.begin(), mrg.end(), margins);
+        }
+        *finish = s->finish;
+        return n;
+    } catch (const std::exception & e) {
+        s->active = false;
+        s->finish = PLS_FINISH_ERROR;
+        *finish = PLS_FINISH_ERROR;
+        pls::set_err(err, err_size, e.what());
+        return -1;
+    }
+}
+
+extern "C" int32_t pls_generate(pls_session * s, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
+                                pls_emit_cb callback, void * user_data, char * err, size_t err_size) {
+    const int32_t rc = pls_begin(s, prompt, n_prompt, n_predict, err, err_size);
+    if (rc != 0) {
+        return rc;
+    }
+    std::vector<int32_t> toks;
+    std::vector<float> mrg;
+    try {
+        while (s->active) {
+            const int32_t n = step(*s, toks, mrg);
+            if (n > 0 && callback != nullptr &&
+                callback(user_data, toks.data(), s->sp.collect_margins ? mrg.data() : nullptr, n) != 0) {
+                s->finish = PLS_FINISH_STOPPED;
+                s->active = false;
+            }
+        }
+        return s->finish;
+    } catch (const std::exception & e) {
+        s->active = false;
+        s->finish = PLS_FINISH_ERROR;
+        pls::set_err(err, err_size, e.what());
+        return -1;
+    }
+}
+
+extern "C" void pls_request_stop(pls_session * s) {
+    if (s) {
+        s->stop_requested.store(true);
+    }
+}
+
+extern "C" void pls_get_stats(const pls_session * s, pls_stats * out) {
+    if (s && out) {
+        *out = s->stats;
+    }
+}
+
+extern "C" void pls_reset_stats(pls_session * s) {
+    if (s) {
+        s->stats = pls_stats{};
+    }
+}

@@ -1,0 +1,126 @@
+#include "shim_common.h"
+
+#include "common.h"
+#include "log.h"
+
+#include <atomic>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+namespace {
+
+std::atomic<int> g_log_level{1};
+thread_local std::string t_last_error;
+
+// our 0..3 scale onto libllama-common's verbosity threshold
+int common_verbosity(int level) {
+    static const int map[] = { LOG_LEVEL_ERROR, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
+    return map[level < 0 ? 0 : (level > 3 ? 3 : level)];
+}
+
+void log_callback(ggml_log_level level, const char * text, void * /*user_data*/) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        // keep the message so a failed call can say why, not only that it failed
+        std::string msg(text);
+        while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) {
+            msg.pop_back();
+        }
+        if (!msg.empty()) {
+            t_last_error = msg;
+        }
+    }
+    int rank = 0;
+    switch (level) {
+        case GGML_LOG_LEVEL_ERROR: rank = 0; break;
+        case GGML_LOG_LEVEL_WARN:  rank = 1; break;
+        case GGML_LOG_LEVEL_INFO:  rank = 2; break;
+        case GGML_LOG_LEVEL_CONT:  rank = 2; break;
+        default:                   rank = 3; break;
+    }
+    if (rank <= g_log_level.load()) {
+        fputs(text, stderr);
+    }
+}
+
+}  // namespace
+
+namespace pls {
+
+void ensure_init() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(log_callback, nullptr);
+        common_log_set_verbosity_thold(common_verbosity(g_log_level.load()));
+        llama_backend_init();
+    });
+}
+
+std::string take_last_error() {
+    std::string e;
+    e.swap(t_last_error);
+    return e;
+}
+
+void clear_last_error() { t_last_error.clear(); }
+
+void set_err(char * err, size_t err_size, const std::string & msg) {
+    if (err == nullptr || err_size == 0) {
+        return;
+    }
+    snprintf(err, err_size, "%s", msg.c_str());
+}
+
+int32_t copy_out(const std::string & s, char * buf, int32_t buf_size) {
+    const int32_t n = (int32_t) s.size();
+    if (buf == nullptr || buf_size <= n) {
+        return -(n + 1);
+    }
+    memcpy(buf, s.data(), s.size());
+    buf[n] = '\0';
+    return n;
+}
+
+std::string device_name(ggml_backend_dev_t dev) {
+    return dev ? ggml_backend_dev_name(dev) : "CPU";
+}
+
+std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only) {
+    std::vector<ggml_backend_dev_t> out;
+    *cpu_only = false;
+    if (spec == nullptr || spec[0] == '\0') {
+        return out;
+    }
+    std::string s(spec);
+    if (s == "none") {
+        *cpu_only = true;
+        return out;
+    }
+    std::stringstream ss(s);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+        if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            std::string known;
+            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                ggml_backend_dev_t d = ggml_backend_dev_get(i);
+                if (ggml_backend_dev_type(d) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+                    known += (known.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(d));
+                }
+            }
+            throw std::invalid_argument("unknown device '" + name + "' (devices here: " +
+                                        (known.empty() ? std::string("none, CPU only") : known) + ")");
+        }
+        out.push_back(dev);
+    }
+    return out;
+}
+
+}  // namespace pls
+
+extern "C" void pls_set_log_level(int32_t level) {
+    g_log_level.store(level);
+    common_log_set_verbosity_thold(common_verbosity(level));
+}
+
+extern "C" int32_t pls_abi_version(void) { return PLS_ABI_VERSION; }

@@ -1,0 +1,41 @@
+// Internal helpers shared by the shim's translation units.
+#pragma once
+
+#include "pyllamaspec.h"
+
+#include "llama.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define PLS_ABI_VERSION 1
+
+struct pls_model {
+    llama_model * model = nullptr;
+    std::string   path;
+    std::vector<ggml_backend_dev_t> devices;  // as requested (empty = all)
+    int32_t       split_mode = LLAMA_SPLIT_MODE_LAYER;
+};
+
+namespace pls {
+
+// one-time backend init and log routing; safe to call from every entry point
+void ensure_init();
+
+// the last error-level message llama.cpp logged on this thread (cleared by take_last_error)
+std::string take_last_error();
+void clear_last_error();
+
+void set_err(char * err, size_t err_size, const std::string & msg);
+
+// copy a std::string into a C buffer; returns length, or -(needed) when it does not fit
+int32_t copy_out(const std::string & s, char * buf, int32_t buf_size);
+
+// "CUDA0,CUDA1" -> device handles; "none" -> empty list meaning CPU only; throws on unknown names
+std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only);
+
+std::string device_name(ggml_backend_dev_t dev);
+
+}  // namespace pls

@@ -1,0 +1,196 @@
+"""Turn executed runs into the report's records: one per arm x content class x depth."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyllamaspec.bench import breakeven
+from pyllamaspec.bench.backends import RunResult
+from pyllamaspec.bench.cotenant import Finding, GpuSample
+from pyllamaspec.bench.equivalence import Equivalence, compare_greedy, least_equivalent
+from pyllamaspec.bench.plan import Arm, Step
+from pyllamaspec.bench.stats import ratio_range, summarize
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A step as it was executed."""
+
+    step: Step
+    result: RunResult
+    prompt_id: str
+    filler_tokens: int
+    findings: list[Finding] = field(default_factory=list)
+    contaminated: bool = False
+    telemetry: list[GpuSample] = field(default_factory=list)
+
+
+ReferenceKey = tuple[str, int, int]  # content class, depth, prompt index
+
+
+def sum_by_position(rows: Sequence[Sequence[int]]) -> list[int]:
+    """Per-position totals of rows of different lengths (drafts stop early, so later positions are rarer)."""
+    width = max((len(row) for row in rows), default=0)
+    padded = np.zeros((len(rows), width), dtype=np.int64)
+    for index, row in enumerate(rows):
+        padded[index, :len(row)] = row
+    return padded.sum(axis=0).tolist()
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return float(np.median(present)) if present else None
+
+
+def _value_range(values: Sequence[float | None]) -> list[float] | None:
+    present = [value for value in values if value is not None]
+    return [min(present), max(present)] if present else None
+
+
+def _equivalence(arm: Arm, plain: Arm, runs: Sequence[RunOutcome], references: Mapping[ReferenceKey, RunResult],
+                 tolerance: float) -> dict | None:
+    """The least equivalent of this arm's runs against the plain reference of the same prompt."""
+    if arm.mode != plain.mode:
+        return None  # another prompt, so another text: nothing to compare
+    checked: list[tuple[Equivalence, str]] = []
+    for run in runs:
+        reference = references.get((run.step.content_class, run.step.depth, run.step.prompt_index))
+        if reference is None or reference.tokens is None or run.result.tokens is None:
+            continue
+        checked.append((compare_greedy(reference.tokens, reference.margins, run.result.tokens, tolerance),
+                        run.prompt_id))
+    worst = least_equivalent(result for result, _ in checked)
+    if worst is None:
+        return None
+    prompt_id = next(prompt for result, prompt in checked if result is worst)
+    counts = {kind: sum(result.kind == kind for result, _ in checked) for kind in ("identical", "near-tie",
+                                                                                    "diverged")}
+    return {**worst.to_dict(), "prompt": prompt_id, "tolerance": tolerance, "counts": counts}
+
+
+def _paired_ratio(runs: Sequence[RunOutcome], baseline: Sequence[RunOutcome]) -> dict | None:
+    """Ratio of tok/s to the baseline arm's run in the same round, median and range over the rounds."""
+    baseline_by_round = {run.step.repeat: run.result.tokens_per_second for run in baseline}
+    pairs = [(run.result.tokens_per_second, baseline_by_round[run.step.repeat])
+             for run in runs if run.step.repeat in baseline_by_round]
+    if not pairs:
+        return None
+    ours, theirs = zip(*pairs, strict=True)
+    return ratio_range(ours, theirs).to_dict()
+
+
+def build_records(
+    arms: Sequence[Arm],
+    outcomes: Sequence[RunOutcome],
+    references: Mapping[ReferenceKey, RunResult],
+    *,
+    preflight_contaminated: bool,
+    margin_tolerance: float,
+) -> list[dict]:
+    arms_by_name = {arm.name: arm for arm in arms}
+    plain = next(arm for arm in arms if arm.is_plain)
+    measured: dict[tuple[str, str, int], list[RunOutcome]] = {}
+    warmups: dict[tuple[str, str, int], list[float]] = {}
+    for outcome in outcomes:
+        key = (outcome.step.arm, outcome.step.content_class, outcome.step.depth)
+        if outcome.step.kind == "measure":
+            measured.setdefault(key, []).append(outcome)
+        elif outcome.step.kind == "warmup":
+            warmups.setdefault(key, []).append(outcome.result.tokens_per_second)
+
+    # Every figure is marked once anything was seen, not only the runs it was seen in: speedups pair each arm with
+    # the plain arm's run of the same round, and a tenant seen once was likely there, below threshold, elsewhere.
+    contaminated = preflight_contaminated or any(outcome.contaminated for outcome in outcomes)
+    records = []
+    for (arm_name, content_class, depth), runs in measured.items():
+        arm = arms_by_name[arm_name]
+        results = [run.result for run in runs]
+        summary = summarize([result.tokens_per_second for result in results])
+        drafted = sum(result.n_drafted or 0 for result in results)
+        accepted = sum(result.n_accepted or 0 for result in results)
+        steps = [result.n_steps for result in results if result.n_steps]
+        session_lengths = [(result.mean_accepted_length, result.n_steps) for result in results
+                           if result.mean_accepted_length is not None and result.n_steps]
+        accepted_per_position = sum_by_position([result.accepted_per_position for result in results])
+        drafted_per_position = sum_by_position([result.drafted_per_position for result in results])
+        baseline = arms_by_name.get(arm.compare_to) if arm.compare_to else None
+        samples = [sample for run in runs for sample in run.telemetry]
+        findings = {finding.describe() for run in runs for finding in run.findings}
+        records.append({
+            "arm": arm_name,
+            "arm_kind": arm.kind,
+            "spec_types": list(arm.spec_types),
+            "n_max": arm.n_max,
+            "drafter": arm.drafter,
+            "force_reject": arm.force_reject,
+            "mode": arm.mode.to_dict(),
+            "mode_label": arm.mode.label,
+            "class": content_class,
+            "depth": depth,
+            "filler_tokens": runs[0].filler_tokens,
+            "prompt_tokens": _median_or_none([result.n_prompt for result in results]),
+            "runs": [result.tokens_per_second for result in results],
+            "run_prompts": [run.prompt_id for run in runs],
+            "run_contaminated": [run.contaminated for run in runs],
+            "n_generated": [result.n_generated for result in results],
+            "warmup_discarded": warmups.get((arm_name, content_class, depth), []),
+            "median_tps": summary.median,
+            "min_tps": summary.min,
+            "max_tps": summary.max,
+            "spread_pct": summary.spread_pct,
+            "mad_tps": summary.mad,
+            "iqr_tps": summary.iqr,
+            "acceptance": accepted / drafted if drafted else None,
+            # the session's own figure, step-weighted; tokens_per_step is derived from counts instead, so it does
+            # not depend on whether an accepted length counts the target's own token
+            "mean_accepted_length": (sum(length * n for length, n in session_lengths)
+                                     / sum(n for _, n in session_lengths)) if session_lengths else None,
+            "tokens_per_step": (sum(result.n_generated for result in results if result.n_steps) / sum(steps)
+                                if steps else None),
+            "accepted_per_position": accepted_per_position,
+            "drafted_per_position": drafted_per_position,
+            "equal_to_plain": _equivalence(arm, plain, runs, references, margin_tolerance),
+            "speedup_vs_plain": None if arm.is_plain else _paired_ratio(runs, measured.get(
+                (plain.name, content_class, depth), [])),
+            "ratio_to": ({"arm": baseline.name, **(_paired_ratio(runs, measured.get(
+                (baseline.name, content_class, depth), [])) or {})} if baseline else None),
+            "cold_start_each_run": arm.kind == "speculative-simple",
+            "contaminated": contaminated,
+            "cotenant_findings": sorted(findings),
+            "telemetry": {
+                "temperature_c": _value_range([sample.temperature_c for sample in samples]),
+                "sm_clock_mhz": _value_range([sample.sm_clock_mhz for sample in samples]),
+                "power_w": _value_range([sample.power_w for sample in samples]),
+            },
+        })
+    return records
+
+
+def build_breakeven(arms: Sequence[Arm], records: Sequence[dict]) -> list[dict]:
+    """Break-even analysis for every speculative arm that has a forced-reject twin, per content class."""
+    by_key = {(record["arm"], record["class"], record["depth"]): record for record in records}
+    plain = next(arm for arm in arms if arm.is_plain)
+    analyses = []
+    for twin in arms:
+        if not twin.force_reject or twin.compare_to is None:
+            continue
+        spec = twin.compare_to
+        for content_class in dict.fromkeys(record["class"] for record in records):
+            # a twin that drafted nothing measured no speculation cost, only noise (an n-gram arm with no match)
+            depths = sorted(depth for arm, cls, depth in by_key
+                            if arm == spec and cls == content_class and (plain.name, cls, depth) in by_key
+                            and (twin.name, cls, depth) in by_key
+                            and by_key[(twin.name, cls, depth)]["acceptance"] is not None)
+            spec_records = [by_key[(spec, content_class, depth)] for depth in depths]
+            n_max = next((arm.n_max for arm in arms if arm.name == spec), None) \
+                or max((len(record["drafted_per_position"]) for record in spec_records), default=0) or None
+            analyses.append(breakeven.analyse(
+                spec, content_class, n_max, depths,
+                plain_tps=[by_key[(plain.name, content_class, depth)]["median_tps"] for depth in depths],
+                forced_reject_tps=[by_key[(twin.name, content_class, depth)]["median_tps"] for depth in depths],
+                tokens_per_step=[record["tokens_per_step"] for record in spec_records],
+            ).to_dict())
+    return analyses

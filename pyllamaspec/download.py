@@ -1,0 +1,308 @@
+"""Fetch models from the Hugging Face Hub, each file checked against the sha256 the hub publishes.
+
+    pyllamaspec download REPO [FILE_PATTERN ...] [--revision REV] [--local-dir DIR] [--json]
+    pyllamaspec download --alias NAME [FILE_PATTERN ...] [...]
+    pyllamaspec download --list-aliases
+
+huggingface_hub does the transfer: the standard HF cache (or --local-dir), resume of interrupted
+transfers, progress bars, HF_HUB_OFFLINE / HF_TOKEN / HF_ENDPOINT. This module adds aliases for
+well-known models, file selection by glob with errors that say what the repo holds, and a sha256
+check of every LFS file fetched (huggingface_hub's plain HTTP path checks only the size): a file
+that fails it is deleted, so nothing corrupt is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download, try_to_load_from_cache
+from huggingface_hub.utils import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    filter_repo_objects,
+)
+
+from .errors import DownloadError, PyllamaspecError
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+HASH_CHUNK_BYTES = 16 * 2**20
+MAX_LISTED_FILES = 30  # files named in a "nothing matches" error
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """What to fetch: a repo, which of its files (None: all), at which revision (None: its main branch)."""
+
+    repo: str
+    patterns: tuple[str, ...] | None
+    revision: str | None
+    description: str = ""
+
+
+# Revisions are pinned where the exact upload is known; None follows the repo's main branch.
+ALIASES: dict[str, HubSource] = {
+    "qwen3.8-27b-dflash2": HubSource(
+        "z-lab/Qwen3.8-27B-DFlash2", ("*.json", "*.safetensors"), "50307d4c4cde6860d4eee73e2547cd786fe8e8a4",
+        "DFlash2 drafter for Qwen3.8-27B, HF checkpoint (convert to GGUF)",
+    ),
+    "qwen3.8-27b-dflash2-gguf": HubSource(
+        "incoai/Qwen3.8-27B-DFlash2-GGUF", ("*.gguf",), None,
+        "DFlash2 drafter for Qwen3.8-27B, GGUF (every quant: name one as FILE_PATTERN to fetch only it)",
+    ),
+    "qwen3.6-27b-dflash": HubSource(
+        "z-lab/Qwen3.6-27B-DFlash", ("*.json", "*.safetensors"), None,
+        "DFlash drafter for Qwen3.6-27B, HF checkpoint (convert to GGUF)",
+    ),
+    "qwen3.6-35b-a3b-dflash": HubSource(
+        "z-lab/Qwen3.6-35B-A3B-DFlash", ("*.json", "*.safetensors"), None,
+        "DFlash drafter for Qwen3.6-35B-A3B, HF checkpoint (convert to GGUF)",
+    ),
+    "qwen3.6-27b-dflash-gguf": HubSource(
+        "Alittlehammmer/Qwen3.6-27B-DFlash-GGUF-llama.cpp", ("*-Q8_0.gguf",), None,
+        "DFlash drafter for Qwen3.6-27B, community GGUF conversion, Q8_0",
+    ),
+    "qwen3.6-35b-a3b-dflash-gguf": HubSource(
+        "Alittlehammmer/Qwen3.6-35B-A3B-DFlash-GGUF-llama.cpp", ("*-Q6_K.gguf",), None,
+        "DFlash drafter for Qwen3.6-35B-A3B, community GGUF conversion, Q6_K",
+    ),
+}
+
+
+def resolve_source(repo_or_alias: str) -> HubSource:
+    """An alias's source, or a repo id taken as is (all files, main branch)."""
+    if repo_or_alias in ALIASES:
+        return ALIASES[repo_or_alias]
+    if repo_or_alias.count("/") == 1 and all(repo_or_alias.split("/")):
+        return HubSource(repo_or_alias, None, None)
+    raise DownloadError(
+        f"{repo_or_alias!r} is neither a hub repo id (owner/name) nor a known alias; "
+        f"aliases: {', '.join(ALIASES)}"
+    )
+
+
+def download(
+    repo_or_alias: str,
+    patterns: Sequence[str] | None = None,
+    revision: str | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
+) -> list[Path]:
+    """Fetch the files of a repo (or alias) that match ``patterns``; return their local paths.
+
+    ``patterns`` are file names or globs (``*`` also crosses folders); None takes the alias's, else
+    every file. ``revision`` (branch, tag or commit) overrides the alias's. Files go to the HF cache,
+    or under ``local_dir``. With HF_HUB_OFFLINE set, only the cache is looked at. Raises DownloadError.
+    """
+    source = resolve_source(repo_or_alias)
+    selected = tuple(patterns) if patterns else source.patterns
+    revision = revision or source.revision
+    destination = Path(local_dir) if local_dir is not None else None
+    if constants.HF_HUB_OFFLINE:
+        return _from_cache(source.repo, selected, revision, destination)
+    return _from_hub(source.repo, selected, revision, destination)
+
+
+def _from_hub(repo: str, patterns: tuple[str, ...] | None, revision: str | None, local_dir: Path | None) -> list[Path]:
+    with _hub_errors(repo, revision):
+        info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    siblings = {sibling.rfilename: sibling for sibling in info.siblings or []}
+    paths = []
+    advice = "Pass one of these names (or a glob) as FILE_PATTERN."
+    for name in _select(list(siblings), patterns, where=f"{repo} on the hub", advice=advice):
+        before = _identity(_present_copy(repo, name, revision, local_dir))
+        with _hub_errors(repo, revision, name):
+            path = Path(hf_hub_download(repo, name, revision=revision, local_dir=local_dir))
+        lfs = siblings[name].lfs
+        # a copy that was already there was checked when it was fetched: hashing a large GGUF on every
+        # call would cost minutes
+        if lfs is not None and _identity(path) != before:
+            _verify_sha256(path, lfs.sha256, f"{repo}/{name}", in_cache=local_dir is None)
+        paths.append(path)
+    return paths
+
+
+def _from_cache(
+    repo: str, patterns: tuple[str, ...] | None, revision: str | None, local_dir: Path | None
+) -> list[Path]:
+    with _hub_errors(repo, revision):
+        folder = Path(
+            snapshot_download(
+                repo, revision=revision, local_dir=local_dir, allow_patterns=list(patterns) if patterns else None,
+                local_files_only=True,
+            )
+        )
+    # under a local_dir, .cache/ holds huggingface_hub's bookkeeping, not repo files
+    names = [
+        path.relative_to(folder).as_posix()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.relative_to(folder).parts[0] != ".cache"
+    ]
+    advice = "HF_HUB_OFFLINE is set: unset it to fetch the file from the hub."
+    return [folder / name for name in _select(names, patterns, where=f"the cached copy of {repo}", advice=advice)]
+
+
+def _select(names: list[str], patterns: tuple[str, ...] | None, *, where: str, advice: str) -> list[str]:
+    """The names matching any pattern, in listing order; every pattern must match something."""
+    if patterns is None:
+        if not names:
+            raise DownloadError(f"{where} has no files.")
+        return names
+    unmatched = [p for p in patterns if not list(filter_repo_objects(names, allow_patterns=[p]))]
+    if unmatched:
+        listed = ", ".join(names[:MAX_LISTED_FILES]) + (", ..." if len(names) > MAX_LISTED_FILES else "")
+        raise DownloadError(
+            f"no file in {where} matches {', '.join(unmatched)}. It has: {listed or 'no files'}. {advice}"
+        )
+    return list(filter_repo_objects(names, allow_patterns=list(patterns)))
+
+
+def _present_copy(repo: str, name: str, revision: str | None, local_dir: Path | None) -> Path | None:
+    """Where the file already lies, if it does, before huggingface_hub decides whether to fetch it."""
+    if local_dir is not None:
+        path = local_dir / name
+        return path if path.is_file() else None
+    cached = try_to_load_from_cache(repo, name, revision=revision)
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def _identity(path: Path | None) -> tuple[int, ...] | None:
+    """Which file (through the cache's symlink) with which size and mtime: a fresh download changes it."""
+    if path is None or not path.exists():
+        return None
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _verify_sha256(path: Path, expected: str, label: str, *, in_cache: bool) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    actual = digest.hexdigest()
+    if actual == expected.lower():
+        return
+    # in the cache, `path` is a snapshot symlink to the blob that holds the bytes: remove both
+    blob = Path(os.path.realpath(path))
+    path.unlink()
+    if in_cache:
+        blob.unlink(missing_ok=True)
+    raise DownloadError(
+        f"{label}: sha256 mismatch, the hub publishes {expected} but the downloaded file has {actual}. "
+        "The file was deleted; download it again (if it fails again, HF_ENDPOINT or a proxy serves bad data)."
+    )
+
+
+@contextmanager
+def _hub_errors(repo: str, revision: str | None, filename: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub's failures into DownloadError saying what to do."""
+    what = f"{repo}/{filename}" if filename else repo
+    at = f" at revision {revision}" if revision else ""
+    try:
+        yield
+    except GatedRepoError as err:
+        raise DownloadError(
+            f"{repo} is gated: accept its terms at {constants.ENDPOINT}/{repo}, then set HF_TOKEN to a token "
+            "of that account."
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise DownloadError(
+            f"repository {repo} was not found on {constants.ENDPOINT} (if it is private, set HF_TOKEN). "
+            "Check the name; `pyllamaspec download --list-aliases` lists known models."
+        ) from err
+    except RevisionNotFoundError as err:
+        raise DownloadError(f"{repo} has no revision {revision!r}: check the branch, tag or commit.") from err
+    except LocalEntryNotFoundError as err:  # before EntryNotFoundError: it derives from it
+        raise DownloadError(
+            f"{what}{at} is not in the local cache, and the hub is not being asked (HF_HUB_OFFLINE) or cannot "
+            "be reached. Download it once with network access."
+        ) from err
+    except EntryNotFoundError as err:
+        raise DownloadError(f"{what} does not exist{at}. List the repo's files on the hub and pick one.") from err
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else "an error"
+        raise DownloadError(f"the hub answered {status} for {what}{at}; try again later. ({err})") from err
+    except PyllamaspecError:
+        raise
+    except Exception as err:
+        # The hub client's transport errors come from whichever HTTP library that huggingface_hub
+        # version uses (requests, httpx, httpx2); none of them is worth a traceback to a user.
+        raise DownloadError(
+            f"fetching {what}{at} from {constants.ENDPOINT} failed: {type(err).__name__}: {err}. "
+            "Check the network (or set HF_HUB_OFFLINE=1 to use only cached files) and try again."
+        ) from err
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "download",
+        help="fetch a model from the Hugging Face Hub (sha256-checked)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("repo", nargs="?", metavar="REPO", help="hub repo id (owner/name) or an alias")
+    parser.add_argument(
+        "patterns", nargs="*", metavar="FILE_PATTERN",
+        help="file names or globs to fetch (default: the alias's files, else all files)",
+    )
+    parser.add_argument("--revision", metavar="REV", help="branch, tag or commit (default: the alias's, else main)")
+    parser.add_argument("--alias", metavar="NAME", help="a known model instead of REPO (see --list-aliases)")
+    parser.add_argument("--local-dir", metavar="DIR", help="put the files under DIR instead of the HF cache")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--list-aliases", action="store_true", help="list the known aliases and exit")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_aliases:
+        print(_format_aliases(args.json))
+        return EXIT_OK
+    if args.alias is not None:
+        if args.alias not in ALIASES:
+            return _fail(f"unknown alias {args.alias!r}; aliases: {', '.join(ALIASES)}")
+        # with --alias there is no REPO, so a first positional is already a file pattern
+        name, patterns = args.alias, ([args.repo] if args.repo else []) + args.patterns
+    elif args.repo is not None:
+        name, patterns = args.repo, args.patterns
+    else:
+        return _fail("give a REPO (owner/name) or --alias NAME; --list-aliases lists the aliases")
+    try:
+        paths = download(name, patterns or None, args.revision, args.local_dir)
+    except PyllamaspecError as err:
+        return _fail(str(err))
+    if args.json:
+        print(json.dumps({"source": name, "revision": args.revision, "files": [str(p) for p in paths]}, indent=2))
+    else:
+        print("\n".join(str(p) for p in paths))
+    return EXIT_OK
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _format_aliases(as_json: bool) -> str:
+    if as_json:
+        return json.dumps({name: asdict(source) for name, source in ALIASES.items()}, indent=2)
+    width = max(map(len, ALIASES))
+    lines = []
+    for name, source in ALIASES.items():
+        files = " ".join(source.patterns) if source.patterns else "all files"
+        pinned = f" @ {source.revision[:12]}" if source.revision else ""
+        lines.append(f"{name:<{width}}  {source.repo}{pinned}  [{files}]  {source.description}")
+    return "\n".join(lines)

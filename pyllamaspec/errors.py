@@ -1,0 +1,53 @@
+"""The exceptions pyllamaspec raises. Every message says what was wrong and what to do about it."""
+
+
+class PyllamaspecError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class BuildError(PyllamaspecError):
+    """The native library is missing, incomplete or does not match the Python binding."""
+
+
+class BackendUnavailableError(BuildError):
+    """A GPU backend's runtime (CUDA, ROCm) is missing or of the wrong version."""
+
+
+class ModelLoadError(PyllamaspecError):
+    """A GGUF file is missing, truncated, corrupt or of an architecture this build cannot load."""
+
+
+class ConfigError(PyllamaspecError, ValueError):
+    """A configuration value is out of range or contradicts another one."""
+
+
+class PairingError(PyllamaspecError):
+    """A drafter cannot work with this target (hidden size, vocab, layer ids, mask token, arch)."""
+
+
+class PlacementError(PyllamaspecError):
+    """The requested device placement cannot work (e.g. a drafter away from the target's LM head)."""
+
+
+class MemoryBudgetError(PyllamaspecError):
+    """The estimated memory need exceeds what the devices have free."""
+
+
+class ContextOverflowError(PyllamaspecError):
+    """The prompt (plus what must be generated) does not fit the context."""
+
+
+class GenerationError(PyllamaspecError):
+    """The native loop failed while decoding."""
+
+
+class ConversionError(PyllamaspecError):
+    """A checkpoint cannot be converted (unsupported layout, missing or mis-shaped tensors)."""
+
+
+class QuantizeError(PyllamaspecError):
+    """Requantization failed or was refused."""
+
+
+class DownloadError(PyllamaspecError):
+    """A download failed, was not found, or did not match its checksum."""

