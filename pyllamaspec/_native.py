@@ -57,14 +57,17 @@ def build_info() -> dict:
 
 
 def _check_rocm_runtime() -> None:
-    missing = []
+    missing, reasons = [], []
     for name in ROCM_LIBS:
         try:
             ctypes.CDLL(name)
-        except OSError:
+        except OSError as e:
             missing.append(name)
+            if name not in str(e):  # found, but one of its own dependencies (libhsa-runtime64, ...) is not
+                reasons.append(str(e))
     if missing:
-        raise BackendUnavailableError(f"missing ROCm runtime libraries: {', '.join(missing)}. {ROCM_HELP}")
+        why = f" (loader: {'; '.join(dict.fromkeys(reasons))})" if reasons else ""
+        raise BackendUnavailableError(f"missing ROCm runtime libraries: {', '.join(missing)}{why}. {ROCM_HELP}")
 
 
 @lru_cache(maxsize=1)

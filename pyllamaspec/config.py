@@ -7,7 +7,7 @@ depends on the loaded models (pairing, placement, ring size) and reports it the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 from .errors import ConfigError

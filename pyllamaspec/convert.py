@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import secrets
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pyllamaspec.errors import ConversionError, PairingError, PyllamaspecError
+from pyllamaspec.atomicfile import atomic_output
 from pyllamaspec.pairing import FINAL_LAYER_INPUT_ARCHS
 
 __all__ = [
@@ -1019,19 +1019,6 @@ def _write_metadata(w: Any, spec: _Spec, tgt: _Target, outtype: str, name: str,
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _input_paths(drafter_dir: Path, files: list[Path], target: Path) -> set[Path]:
     paths = {target.resolve()}
     for p in [drafter_dir / "config.json", drafter_dir / "model.safetensors.index.json", *files]:
@@ -1076,9 +1063,6 @@ def convert_dflash(
     _check_pairing(spec, tgt)
     planned = _check_tensors(spec, refs)
 
-    out_dir = out.parent if str(out.parent) else Path(".")
-    if not out_dir.is_dir():
-        raise ConversionError(f"output directory {str(out_dir)!r} does not exist")
     if out.is_dir():
         raise ConversionError(f"output {str(out)!r} is a directory; pass a file name (-o OUT.gguf)")
     inputs = _input_paths(drafter_dir, files, target)
@@ -1099,64 +1083,30 @@ def convert_dflash(
     # --- write to a temp file next to the output, then rename ---
     import gguf
 
-    tmp = out_dir / f".{out.name}.{secrets.token_hex(6)}.partial"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as e:
-        raise ConversionError(f"cannot create a file in output directory {str(out_dir)!r}: {e.strerror or e}") from None
-    os.close(fd)
     writer = None
-    try:
-        writer = gguf.GGUFWriter(tmp, arch=ARCH)
-        _write_metadata(writer, spec, tgt, outtype, name, repo, revision)
-        for p, ref, qtype, nbytes in plan:
-            writer.add_tensor_info(p.gguf, p.shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for i, (p, ref, qtype, nbytes) in enumerate(plan):
-            if progress is not None:
-                progress(i, len(plan), p.gguf)
-            arr = _load(ref)
-            if p.permute_rope:
-                arr = _rope_to_neox(arr, spec.head_dim)
-            data = _encode(arr, ref.dtype, qtype)
-            if data.nbytes != nbytes:
-                raise ConversionError(f"internal error: {p.gguf} encoded to {data.nbytes} bytes, expected {nbytes}")
-            writer.write_tensor_data(data)
-            del arr, data
-        assert writer.fout is not None
-        for f in writer.fout:
-            f.flush()
-            os.fsync(f.fileno())
-        writer.close()
-        writer = None
-
-        if force:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)  # atomic and never clobbers
-            except FileExistsError:
-                raise ConversionError(f"output {str(out)!r} appeared while converting; pass --force to overwrite it") from None
-            except OSError:
-                if out.exists():
-                    raise ConversionError(f"output {str(out)!r} already exists; pass --force to overwrite it") from None
-                os.replace(tmp, out)
-            else:
-                os.unlink(tmp)
-        _fsync_dir(out_dir)
-    except BaseException:
-        if writer is not None:
-            try:
-                writer.close()
-            except Exception:
-                pass
+    with atomic_output(out, force=force, error=ConversionError) as tmp:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            writer = gguf.GGUFWriter(tmp, arch=ARCH)
+            _write_metadata(writer, spec, tgt, outtype, name, repo, revision)
+            for p, ref, qtype, nbytes in plan:
+                writer.add_tensor_info(p.gguf, p.shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for i, (p, ref, qtype, nbytes) in enumerate(plan):
+                if progress is not None:
+                    progress(i, len(plan), p.gguf)
+                arr = _load(ref)
+                if p.permute_rope:
+                    arr = _rope_to_neox(arr, spec.head_dim)
+                data = _encode(arr, ref.dtype, qtype)
+                if data.nbytes != nbytes:
+                    raise ConversionError(f"internal error: {p.gguf} encoded to {data.nbytes} bytes, expected {nbytes}")
+                writer.write_tensor_data(data)
+                del arr, data
+        finally:
+            if writer is not None:
+                writer.close()
     if progress is not None:
         progress(len(plan), len(plan), "")
     return out

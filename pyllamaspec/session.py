@@ -8,7 +8,6 @@ it from a Python iterator and yields UTF-8-safe text pieces.
 from __future__ import annotations
 
 import codecs
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 

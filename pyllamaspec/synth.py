@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import _native
+from .atomicfile import atomic_output
 from .errors import ConfigError, ModelLoadError
 
 
@@ -65,17 +65,10 @@ def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *,
     p.seed, p.stddev = seed, stddev
     p.perturb_seed, p.perturb_stddev = perturb_seed, perturb_stddev
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".part")
-    os.close(fd)
     err = _native.ErrorBuffer(ffi)
-    try:
+    with atomic_output(path, force=True, error=ModelLoadError) as tmp:
         if lib.pls_synth_model(p, str(tmp).encode(), err.buf, err.SIZE) != 0:
             raise ModelLoadError(err.text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file is an ordinary file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

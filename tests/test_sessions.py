@@ -183,7 +183,7 @@ def test_closing_a_stream_early_ends_generation(dense):
         it = s.stream(PROMPT, N_PREDICT)
         next(it)
         it.close()
-        assert s.generate(PROMPT, N_PREDICT).tokens == ref.tokens
+        assert_equal_up_to_near_tie(s.generate(PROMPT, N_PREDICT).tokens, ref)
 
 
 def test_context_full_ends_generation(dense):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and verify the ROCm (HIP) wheel of pyllamaspec on a Debian machine without a GPU.
 #
-#   sudo tools/rocm/build-gfx906-wheel.sh [--targets "gfx906;gfx908"] [--no-sysroot] [--setup-only] [--shell]
+#   sudo tools/rocm/build-gfx906-wheel.sh [--targets "gfx906;gfx908"] [--sysroot-suite bookworm|bullseye]
+#                                         [--no-sysroot] [--setup-only] [--shell]
 #
 # What it does (everything outside the repo, under $PYLLAMASPEC_ROCM_CACHE, default /var/cache/pyllamaspec-rocm):
 #   1. creates (once) a Debian sid chroot with Debian's ROCm 6.4 toolchain (hipcc, clang-21, hipBLAS, rocBLAS),
@@ -25,20 +26,27 @@ SETUP_ONLY=0
 SHELL_ONLY=0
 SUITE=sid
 SYSROOT_SUITE=bookworm
-SYSROOT_IN=/opt/sysroot-$SYSROOT_SUITE
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --targets) TARGETS=$2; shift 2 ;;
         --targets=*) TARGETS=${1#*=}; shift ;;
         --no-sysroot) SYSROOT_MODE=0; shift ;;
+        --sysroot-suite) SYSROOT_SUITE=$2; shift 2 ;;
+        --sysroot-suite=*) SYSROOT_SUITE=${1#*=}; shift ;;
         --setup-only) SETUP_ONLY=1; shift ;;
         --shell) SHELL_ONLY=1; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" = 0 ] || { echo "run as root (debootstrap/chroot/mount)" >&2; exit 1; }
+case "$SYSROOT_SUITE" in          # the gcc whose libstdc++ each suite ships
+    bookworm) SYSROOT_GCC=12 ;;   # glibc 2.36, GLIBCXX_3.4.30
+    bullseye) SYSROOT_GCC=10 ;;   # glibc 2.31, GLIBCXX_3.4.28
+    *) echo "--sysroot-suite: bookworm or bullseye" >&2; exit 2 ;;
+esac
+SYSROOT_IN=/opt/sysroot-$SYSROOT_SUITE
 
 log() { printf '\n=== [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 T0=$(date +%s)
@@ -99,6 +107,8 @@ fi
 bind "$CACHE/apt-archives" /var/cache/apt/archives
 bind "$CACHE/ccache" /ccache
 bind "$CACHE/pip" /root/.cache/pip
+# /proc: not needed to build (HIP_PLATFORM=amd is passed), but the test suite looks at the process table
+if ! mountpoint -q "$ROOTFS/proc"; then mount -t proc proc "$ROOTFS/proc"; mounted+=("$ROOTFS/proc"); fi
 
 PKGS="hipcc libamdhip64-dev libhipblas-dev librocblas-dev rocm-cmake cmake ninja-build g++ ccache git python3 python3-pip python3-venv python3-dev patchelf binutils file ca-certificates"
 STAMP="$ROOTFS/.pyllamaspec-toolchain"
@@ -110,8 +120,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$PKGS" ]; then
     echo "$PKGS" > "$STAMP"
 fi
 
-# --- the bookworm sysroot: glibc 2.36 + libstdc++ 12 headers and libraries for the host-side code --------
-SYSROOT_PKGS="libc6 libc6-dev linux-libc-dev libcrypt1 libcrypt-dev libgcc-s1 libgcc-12-dev libstdc++6 libstdc++-12-dev libgomp1 gcc-12-base"
+# --- the sysroot (default bookworm: glibc 2.36 + libstdc++ 12) for the host-side code ----------------------
+SYSROOT_PKGS="libc6 libc6-dev linux-libc-dev libcrypt1 libcrypt-dev libgcc-s1 libgcc-$SYSROOT_GCC-dev libstdc++6 libstdc++-$SYSROOT_GCC-dev libgomp1 gcc-$SYSROOT_GCC-base"
 SYSROOT="$ROOTFS$SYSROOT_IN"
 if [ "$SYSROOT_MODE" = 1 ] && [ "$(cat "$SYSROOT/.pyllamaspec-sysroot" 2>/dev/null)" != "$SYSROOT_PKGS" ]; then
     log "sysroot: $SYSROOT_SUITE packages unpacked into $SYSROOT_IN"
@@ -134,7 +144,7 @@ if [ "$SYSROOT_MODE" = 1 ] && [ "$(cat "$SYSROOT/.pyllamaspec-sysroot" 2>/dev/nu
     done
     # gcc's omp.h, for clang's -fopenmp=libgomp (clang's resource dir has no omp.h)
     mkdir -p "$SYSROOT/usr/local/include"
-    cp "$SYSROOT/usr/lib/gcc/x86_64-linux-gnu/12/include/omp.h" "$SYSROOT/usr/local/include/omp.h"
+    cp "$SYSROOT/usr/lib/gcc/x86_64-linux-gnu/$SYSROOT_GCC/include/omp.h" "$SYSROOT/usr/local/include/omp.h"
     echo "$SYSROOT_PKGS" > "$SYSROOT/.pyllamaspec-sysroot"
 fi
 log "chroot ready ($(( $(date +%s) - T0 )) s)"
@@ -161,12 +171,13 @@ SR_ENV=()
 log "build-and-verify.sh in the chroot (GPU_TARGETS=$TARGETS, sysroot: $([ "$SYSROOT_MODE" = 1 ] && echo "$SYSROOT_IN" || echo none))"
 rm -rf "$ROOTFS/dist" && mkdir -p "$ROOTFS/dist"
 T1=$(date +%s)
-in_chroot CCACHE_DIR=/ccache GPU_TARGETS="$TARGETS" PYLLAMASPEC_WORK=/work-rocm PYLLAMASPEC_DIST=/dist \
+in_chroot CCACHE_DIR=/ccache GPU_TARGETS="$TARGETS" PYLLAMASPEC_WORK=/work-rocm PYLLAMASPEC_DIST=/dist PYLLAMASPEC_HIDE_ROCM_TEST=1 \
     "${SR_ENV[@]}" "${SOURCE_ENV[@]}" nice -n "${PYLLAMASPEC_NICE:-10}" bash /src/tools/rocm/build-and-verify.sh all
 T2=$(date +%s)
 
 # --- 4. the wheel, out -------------------------------------------------------------------------------------
 mkdir -p "$REPO/dist/rocm"
+rm -f "$REPO"/dist/rocm/pyllamaspec-*+rocm6."${TARGETS//;/.}"-*.whl   # the previous build of this variant
 cp "$ROOTFS"/dist/*.whl "$REPO/dist/rocm/"
 log "done: build+verify $((T2 - T1)) s, total $((T2 - T0)) s"
 ls -l "$REPO"/dist/rocm/*.whl
