@@ -101,65 +101,75 @@ bool gguf_has_nextn(const char * path) {
 
 }  // namespace
 
-extern "C" pls_model * pls_model_load(const pls_model_params * p, char * err, size_t err_size) {
-    pls::ensure_init();
-    pls::clear_last_error();
+// everything llama_model_params points into must outlive the load: this struct owns it
+struct pls::model_load_params::storage {
+    std::vector<ggml_backend_dev_t> devices;
+    std::vector<float> split;
+    tensor_overrides overrides;
+};
+
+pls::model_load_params::model_load_params() : own(std::make_shared<storage>()) {}
+
+pls::model_load_params pls::make_model_params(const pls_model_params * p) {
     if (p == nullptr || p->path == nullptr || p->path[0] == '\0') {
-        pls::set_err(err, err_size, "no model path given");
-        return nullptr;
+        throw std::invalid_argument("no model path given");
     }
     FILE * f = fopen(p->path, "rb");
     if (f == nullptr) {
-        pls::set_err(err, err_size, std::string("cannot open '") + p->path + "': " + strerror(errno));
-        return nullptr;
+        throw std::invalid_argument(std::string("cannot open '") + p->path + "': " + strerror(errno));
     }
     char magic[4] = {0};
     const size_t n_magic = fread(magic, 1, 4, f);
     fclose(f);
     if (n_magic != 4 || memcmp(magic, "GGUF", 4) != 0) {
-        pls::set_err(err, err_size, std::string("'") + p->path + "' is not a GGUF file (bad magic)");
-        return nullptr;
+        throw std::invalid_argument(std::string("'") + p->path + "' is not a GGUF file (bad magic)");
     }
 
+    model_load_params out;
+    model_load_params::storage & st = *out.own;
+    bool cpu_only = false;
+    st.devices = parse_devices(p->devices, &cpu_only);
+    out.requested_devices = st.devices;
+    st.overrides.parse(p->tensor_overrides);
+    if (p->n_cpu_moe > 0) {
+        st.overrides.add_cpu_moe(p->n_cpu_moe);
+    }
+    llama_model_params & mp = out.mp;
+    mp = llama_model_default_params();
+    mp.n_gpu_layers = cpu_only ? 0 : (p->n_gpu_layers < 0 ? 999 : p->n_gpu_layers);
+    if (cpu_only || !st.devices.empty()) {
+        st.devices.push_back(nullptr);
+        mp.devices = st.devices.data();
+    }
+    mp.split_mode = (llama_split_mode) p->split_mode;
+    mp.main_gpu = p->main_gpu;
+    st.split.assign(llama_max_devices(), 0.0f);
+    if (p->tensor_split != nullptr && p->n_tensor_split > 0) {
+        if ((size_t) p->n_tensor_split > st.split.size()) {
+            throw std::invalid_argument("tensor split has more entries than devices supported");
+        }
+        std::copy(p->tensor_split, p->tensor_split + p->n_tensor_split, st.split.begin());
+        mp.tensor_split = st.split.data();
+    }
+    mp.tensor_buft_overrides = st.overrides.finish();
+    if (p->use_mmap == 0) {
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    }
+    // MTP heads are only loaded when asked; "auto" looks at the GGUF's metadata first
+    mp.load_mtp = p->load_mtp < 0 ? gguf_has_nextn(p->path) : p->load_mtp > 0;
+    return out;
+}
+
+extern "C" pls_model * pls_model_load(const pls_model_params * p, char * err, size_t err_size) {
+    pls::ensure_init();
+    pls::clear_last_error();
     auto out = std::make_unique<pls_model>();
-    out->path = p->path;
-    tensor_overrides overrides;
-    std::vector<ggml_backend_dev_t> devices;
     try {
-        bool cpu_only = false;
-        devices = pls::parse_devices(p->devices, &cpu_only);
-        overrides.parse(p->tensor_overrides);
-        if (p->n_cpu_moe > 0) {
-            overrides.add_cpu_moe(p->n_cpu_moe);
-        }
-        out->devices = devices;
-        llama_model_params mp = llama_model_default_params();
-        mp.n_gpu_layers = cpu_only ? 0 : (p->n_gpu_layers < 0 ? 999 : p->n_gpu_layers);
-        if (cpu_only || !devices.empty()) {
-            devices.push_back(nullptr);
-            mp.devices = devices.data();
-        }
-        mp.split_mode = (llama_split_mode) p->split_mode;
-        mp.main_gpu = p->main_gpu;
-        std::vector<float> split(llama_max_devices(), 0.0f);
-        if (p->tensor_split != nullptr && p->n_tensor_split > 0) {
-            if ((size_t) p->n_tensor_split > split.size()) {
-                throw std::invalid_argument("tensor split has more entries than devices supported");
-            }
-            std::copy(p->tensor_split, p->tensor_split + p->n_tensor_split, split.begin());
-            mp.tensor_split = split.data();
-        }
-        mp.tensor_buft_overrides = overrides.finish();
-        if (p->use_mmap == 0) {
-            mp.load_mode = LLAMA_LOAD_MODE_NONE;
-        }
+        const pls::model_load_params lp = pls::make_model_params(p);
+        out->path = p->path;
+        out->devices = lp.requested_devices;
         out->split_mode = p->split_mode;
-
-        // MTP heads are only loaded when asked; "auto" peeks at the GGUF first
-        const bool load_mtp = p->load_mtp < 0 ? gguf_has_nextn(p->path) : p->load_mtp > 0;
-        mp.load_mtp = load_mtp;
-
-        out->model = llama_model_load_from_file(p->path, mp);
+        out->model = llama_model_load_from_file(p->path, lp.mp);
     } catch (const std::exception & e) {
         pls::set_err(err, err_size, e.what());
         return nullptr;

@@ -3,7 +3,7 @@
 // The loop follows upstream's reference driver (examples/speculative-simple) and the server's rule for
 // recurrent targets: a target with a snapshot ring rolls back in place when the draft fits the ring, and
 // falls back to checkpoint + replay when it does not (or when the arch keeps no ring at all).
-#include "shim_common.h"
+#include "session_plan.h"
 
 #include "common.h"
 #include "sampling.h"
@@ -112,9 +112,63 @@ namespace {
 
 const llama_seq_id SEQ = 0;
 
-void fill_common_params(pls_session & s) {
-    const pls_session_params & p = s.sp;
-    common_params & c = s.params;
+}  // namespace
+
+int32_t pls::effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size) {
+    if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK)) {
+        return std::min(n_max, block_size);      // DSpark may predict the anchor slot too
+    }
+    if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH)) {
+        return std::min(n_max, block_size - 1);  // the block is [anchor, mask x (block - 1)]
+    }
+    return n_max;
+}
+
+pls::context_plan pls::plan_contexts(common_params & c, const pls_session_params & sp, int32_t n_max_eff,
+                                     bool target_recurrent) {
+    const auto & types = c.speculative.types;
+    const bool speculating = !has_type(types, COMMON_SPECULATIVE_TYPE_NONE);
+    const auto limits = common_speculative_get_output_limits(c.n_batch, c.n_parallel, n_max_eff);
+    c.n_outputs_max = limits.total;
+    c.n_outputs_max_per_seq = limits.per_seq;
+
+    context_plan plan;
+    plan.target = common_context_params_to_llama(c);
+    // a ring on every rollback-capable target, for any speculative type, sized from the clamped draft length
+    int32_t ring = sp.n_rs_seq >= 0 ? sp.n_rs_seq : (speculating ? std::min(n_max_eff, 16) : 0);
+    if (!target_recurrent) {
+        ring = 0;
+    } else if (ring > 0 && sp.n_ubatch <= ring + 1) {
+        throw std::invalid_argument("n_ubatch=" + std::to_string(sp.n_ubatch) + " must exceed n_rs_seq + 1 = " +
+                                    std::to_string(ring + 1) + " (the rollback window must fit one micro-batch)");
+    }
+    plan.target.n_rs_seq = (uint32_t) ring;
+    if (speculating && sp.n_ubatch < n_max_eff + 1) {
+        throw std::invalid_argument("n_ubatch=" + std::to_string(sp.n_ubatch) + " must be at least n_max + 1 = " +
+                                    std::to_string(n_max_eff + 1) + " (a verify batch holds the draft and one more token)");
+    }
+
+    plan.has_draft = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) ||
+                     has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) ||
+                     has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
+    if (plan.has_draft) {
+        // as common_speculative_init_result builds it: the draft context mirrors the target's size, keeps no ring
+        plan.draft = common_context_params_to_llama(common_base_params_to_speculative(c));
+        if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP)) {
+            plan.draft.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+        }
+        plan.draft.n_ctx = plan.target.n_ctx;
+        plan.draft.n_rs_seq = 0;
+    }
+    return plan;
+}
+
+namespace {
+
+}  // namespace
+
+common_params pls::session_common_params(const pls_session_params & p) {
+    common_params c;
     c.n_ctx = p.n_ctx;
     c.n_batch = p.n_batch;
     c.n_ubatch = p.n_ubatch;
@@ -171,7 +225,10 @@ void fill_common_params(pls_session & s) {
     if (p.ngram_mod_n_max > 0) {
         sp.ngram_mod.n_max = p.ngram_mod_n_max;
     }
+    return c;
 }
+
+namespace {
 
 // Target graphs that record layer inputs (res->t_layer_inp), and the few that also record the final one
 // (upstream src/models/*.cpp at the pinned commit): tapping any other layer trips a GGML_ASSERT.
@@ -279,19 +336,16 @@ void validate(pls_session & s) {
 // The effective draft length after each type's own clamp: known before any context exists, so the
 // target's snapshot ring can be sized from it (upstream sizes it from the unclamped request).
 void resolve_n_max(pls_session & s) {
-    int32_t n_max = s.sp.n_max;
     const auto & types = s.params.speculative.types;
     if (s.drafter != nullptr && (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) ||
                                  has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK))) {
         char buf[32];
         const int32_t n = llama_model_meta_val_str(s.drafter->model, "dflash.block_size", buf, sizeof(buf));
-        s.block_size = n > 0 ? atoi(buf) : 16;
-        const int32_t cap = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) ? s.block_size : s.block_size - 1;
-        n_max = std::min(n_max, cap);
+        s.block_size = n > 0 ? atoi(buf) : 16;  // upstream's default
     }
-    s.n_max_effective = n_max;
-    s.params.speculative.draft.n_max = n_max;
-    s.params.speculative.draft.n_min = std::min(s.params.speculative.draft.n_min, n_max);
+    s.n_max_effective = pls::effective_n_max(types, s.sp.n_max, s.block_size);
+    s.params.speculative.draft.n_max = s.n_max_effective;
+    s.params.speculative.draft.n_min = std::min(s.params.speculative.draft.n_min, s.n_max_effective);
 }
 
 void check_placement(pls_session & s) {
@@ -337,28 +391,10 @@ void check_placement(pls_session & s) {
 void create_contexts(pls_session & s) {
     common_params & c = s.params;
     const auto & types = c.speculative.types;
-
-    const auto limits = common_speculative_get_output_limits(c.n_batch, c.n_parallel, s.n_max_effective);
-    c.n_outputs_max = limits.total;
-    c.n_outputs_max_per_seq = limits.per_seq;
-
-    llama_context_params cp = common_context_params_to_llama(c);
-    // ring on every rollback-capable target, for any speculative type: sized from the clamped draft length
     const bool speculating = !has_type(types, COMMON_SPECULATIVE_TYPE_NONE);
-    int32_t want_ring = s.sp.n_rs_seq >= 0 ? s.sp.n_rs_seq : (speculating ? std::min(s.n_max_effective, 16) : 0);
-    if (llama_model_is_hybrid(s.target->model) || llama_model_is_recurrent(s.target->model)) {
-        if (want_ring > 0 && s.sp.n_ubatch <= want_ring + 1) {
-            throw std::invalid_argument("n_ubatch=" + std::to_string(s.sp.n_ubatch) + " must exceed n_rs_seq + 1 = " +
-                                        std::to_string(want_ring + 1) + " (the rollback window must fit one micro-batch)");
-        }
-    } else {
-        want_ring = 0;
-    }
-    cp.n_rs_seq = (uint32_t) want_ring;
-    if (speculating && s.sp.n_ubatch < s.n_max_effective + 1) {
-        throw std::invalid_argument("n_ubatch=" + std::to_string(s.sp.n_ubatch) + " must be at least n_max + 1 = " +
-                                    std::to_string(s.n_max_effective + 1) + " (a verify batch holds the draft and one more token)");
-    }
+    const bool recurrent = llama_model_is_hybrid(s.target->model) || llama_model_is_recurrent(s.target->model);
+    pls::context_plan plan = pls::plan_contexts(c, s.sp, s.n_max_effective, recurrent);
+    llama_context_params & cp = plan.target;
 
     s.ctx_tgt.reset(llama_init_from_model(s.target->model, cp));
     if (!s.ctx_tgt) {
@@ -367,15 +403,9 @@ void create_contexts(pls_session & s) {
     }
     s.n_rs_seq = (int32_t) llama_n_rs_seq(s.ctx_tgt.get());
 
-    const bool need_dft_ctx = s.drafter != nullptr || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
-    if (need_dft_ctx) {
-        common_params pd = common_base_params_to_speculative(c);
-        llama_context_params cpd = common_context_params_to_llama(pd);
-        if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP)) {
-            cpd.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
-        }
+    if (plan.has_draft) {
+        llama_context_params & cpd = plan.draft;
         cpd.n_ctx = llama_n_ctx(s.ctx_tgt.get());
-        cpd.n_rs_seq = 0;
         cpd.ctx_other = s.ctx_tgt.get();
         llama_model * md = s.drafter ? s.drafter->model : s.target->model;
         s.ctx_dft.reset(llama_init_from_model(md, cpd));
@@ -712,7 +742,7 @@ extern "C" pls_session * pls_session_open(pls_model * target, pls_model * drafte
     s->drafter = drafter;
     s->sp = *params;
     try {
-        fill_common_params(*s);
+        s->params = pls::session_common_params(s->sp);
         validate(*s);
         resolve_n_max(*s);
         check_placement(*s);

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,15 @@ int32_t copy_out(const std::string & s, char * buf, int32_t buf_size);
 std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only);
 
 std::string device_name(ggml_backend_dev_t dev);
+
+// llama_model_params from our POD params, with the storage they point into (device list, split, overrides)
+struct model_load_params {
+    struct storage;
+    model_load_params();
+    llama_model_params mp;
+    std::vector<ggml_backend_dev_t> requested_devices;  // empty: all
+    std::shared_ptr<storage> own;
+};
+model_load_params make_model_params(const pls_model_params * p);  // throws std::invalid_argument
 
 }  // namespace pls

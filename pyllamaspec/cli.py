@@ -56,12 +56,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-ngram-mod-n-match", dest="ngram_mod_n_match", type=int, default=0)
     p.add_argument("--spec-ngram-mod-n-min", dest="ngram_mod_n_min", type=int, default=0)
     p.add_argument("--spec-ngram-mod-n-max", dest="ngram_mod_n_max", type=int, default=0)
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="skip the per-device memory estimate that refuses configurations that cannot fit")
 
 
 def open_session(args, margins: bool = False):
     """Models and session from the shared flags (used by generate and bench)."""
     from . import pypi_models
     from .config import ModelConfig, SessionConfig, parse_spec_types
+    from .memory import estimate_memory
     from .model import Model
     from .session import SpecSession
 
@@ -73,13 +76,11 @@ def open_session(args, margins: bool = False):
     target_cfg = ModelConfig(n_gpu_layers=args.gpu_layers, devices=args.device.split(",") if args.device else None,
                              split_mode=args.split_mode, tensor_split=args.tensor_split,
                              tensor_overrides=args.override_tensor, n_cpu_moe=args.n_cpu_moe)
-    target = Model(pypi_models.resolve(target_ref), target_cfg)
-    drafter = None
-    if drafter_ref is not None:
-        drafter_cfg = ModelConfig(n_gpu_layers=args.gpu_layers_draft,
-                                  devices=args.device_draft.split(",") if args.device_draft else None,
-                                  tensor_overrides=args.override_tensor_draft)
-        drafter = Model(pypi_models.resolve(drafter_ref), drafter_cfg)
+    target_path = pypi_models.resolve(target_ref)
+    drafter_path = pypi_models.resolve(drafter_ref) if drafter_ref is not None else None
+    drafter_cfg = ModelConfig(n_gpu_layers=args.gpu_layers_draft,
+                              devices=args.device_draft.split(",") if args.device_draft else None,
+                              tensor_overrides=args.override_tensor_draft)
     cfg = SessionConfig(
         spec_types=types, n_max=args.spec_draft_n_max if args.spec_draft_n_max is not None else 8,
         n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min, n_ctx=args.ctx_size, n_batch=args.batch_size,
@@ -90,6 +91,12 @@ def open_session(args, margins: bool = False):
         temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         ngram_size_n=args.ngram_size_n, ngram_size_m=args.ngram_size_m, ngram_mod_n_match=args.ngram_mod_n_match,
         ngram_mod_n_min=args.ngram_mod_n_min, ngram_mod_n_max=args.ngram_mod_n_max, margins=margins)
+    if not args.no_memory_check:
+        # refuse with numbers before anything is allocated
+        estimate_memory(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,
+                        session_config=cfg).check()
+    target = Model(target_path, target_cfg)
+    drafter = Model(drafter_path, drafter_cfg) if drafter_path is not None else None
     return target, drafter, SpecSession(target, drafter, cfg)
 
 

@@ -47,6 +47,36 @@ class ModelInfo:
         return self.dflash_selector_top_k > 0
 
 
+def native_model_params(ffi, path: Path, config: ModelConfig):
+    """pls_model_params for a path and config, and the C buffers it points into (keep them alive)."""
+    keep = []
+
+    def cstr(s: str | None):
+        if s is None:
+            return ffi.NULL
+        b = ffi.new("char[]", s.encode())
+        keep.append(b)
+        return b
+
+    c = config
+    p = ffi.new("pls_model_params *")
+    p.path = cstr(str(path))
+    p.n_gpu_layers = c.n_gpu_layers
+    p.devices = cstr(",".join(c.devices)) if c.devices else ffi.NULL
+    p.split_mode = SPLIT_MODES[c.split_mode]
+    p.main_gpu = c.main_gpu
+    if c.tensor_split:
+        arr = ffi.new("float[]", list(c.tensor_split))
+        keep.append(arr)
+        p.tensor_split = arr
+        p.n_tensor_split = len(c.tensor_split)
+    p.tensor_overrides = cstr(",".join(c.tensor_overrides)) if c.tensor_overrides else ffi.NULL
+    p.n_cpu_moe = c.n_cpu_moe
+    p.load_mtp = -1 if c.load_mtp is None else int(c.load_mtp)
+    p.use_mmap = int(c.use_mmap)
+    return p, keep
+
+
 class Model:
     """A GGUF loaded by llama.cpp. Thread-safe to share; free with close() or a with-block."""
 
@@ -58,31 +88,8 @@ class Model:
         if not self.path.is_file():
             raise ModelLoadError(f"model file '{self.path}' does not exist")
         self._ffi, self._lib = _native.load()
-        ffi, c = self._ffi, self.config
-        keep = []  # C strings must outlive the call
-
-        def cstr(s: str | None):
-            if s is None:
-                return ffi.NULL
-            b = ffi.new("char[]", s.encode())
-            keep.append(b)
-            return b
-
-        p = ffi.new("pls_model_params *")
-        p.path = cstr(str(self.path))
-        p.n_gpu_layers = c.n_gpu_layers
-        p.devices = cstr(",".join(c.devices)) if c.devices else ffi.NULL
-        p.split_mode = SPLIT_MODES[c.split_mode]
-        p.main_gpu = c.main_gpu
-        if c.tensor_split:
-            arr = ffi.new("float[]", list(c.tensor_split))
-            keep.append(arr)
-            p.tensor_split = arr
-            p.n_tensor_split = len(c.tensor_split)
-        p.tensor_overrides = cstr(",".join(c.tensor_overrides)) if c.tensor_overrides else ffi.NULL
-        p.n_cpu_moe = c.n_cpu_moe
-        p.load_mtp = -1 if c.load_mtp is None else int(c.load_mtp)
-        p.use_mmap = int(c.use_mmap)
+        ffi = self._ffi
+        p, _keep = native_model_params(ffi, self.path, self.config)
         err = _native.ErrorBuffer(ffi)
         handle = self._lib.pls_model_load(p, err.buf, err.SIZE)
         if handle == ffi.NULL:

@@ -15,7 +15,9 @@ from . import _native
 from .config import KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
 from .errors import (ConfigError, ContextOverflowError, GenerationError, PairingError, PlacementError,
                      PyllamaspecError)
+from .ggufmeta import read_summary
 from .model import Model
+from .pairing import require_pair
 
 FINISH_REASONS = {0: None, 1: "length", 2: "eog", 3: "stopped", 4: "context", 5: "error"}
 ROLLBACK_KINDS = {0: "none", 1: "kv", 2: "ring", 3: "checkpoint"}
@@ -119,20 +121,6 @@ class SessionInfo:
     draft_device: str
 
 
-def detect_spec_types(drafter: Model | None) -> tuple[str, ...]:
-    """What a drafter GGUF is for, as upstream's auto-detection decides (EAGLE3 by its arch too)."""
-    if drafter is None:
-        return ()
-    info = drafter.info
-    if info.arch == "dflash":
-        return ("draft-dflash",)
-    if info.arch == "eagle3":
-        return ("draft-eagle3",)
-    if info.n_layer_nextn > 0:
-        return ("draft-mtp",)
-    return ("draft-simple",)
-
-
 def _error_for(message: str) -> PyllamaspecError:
     if message.startswith("pairing:"):
         return PairingError(message)
@@ -141,6 +129,30 @@ def _error_for(message: str) -> PyllamaspecError:
     if message.startswith("context:"):
         return ContextOverflowError(message)
     return ConfigError(message)
+
+
+def native_session_params(ffi, config: SessionConfig):
+    """pls_session_params for a config (spec types already resolved)."""
+    p = ffi.new("pls_session_params *")
+    types = list(config.spec_types or ())
+    p.n_spec_types = len(types)
+    for i, t in enumerate(types):
+        p.spec_types[i] = spec_type_id(t)
+    for name in ("n_max", "n_min", "p_min", "n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_threads",
+                 "n_threads_batch", "n_threads_draft", "temp", "top_k", "top_p", "min_p", "seed",
+                 "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match", "ngram_mod_n_min",
+                 "ngram_mod_n_max"):
+        setattr(p, name, getattr(config, name))
+    p.type_k = KV_CACHE_TYPES[config.cache_type_k.lower()]
+    p.type_v = KV_CACHE_TYPES[config.cache_type_v.lower()]
+    p.type_k_draft = KV_CACHE_TYPES[config.cache_type_k_draft.lower()]
+    p.type_v_draft = KV_CACHE_TYPES[config.cache_type_v_draft.lower()]
+    p.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
+    p.n_rs_seq = -1 if config.n_rs_seq is None else config.n_rs_seq
+    p.draft_backend_sampling = int(config.draft_backend_sampling)
+    p.collect_margins = int(config.margins)
+    p.force_reject = int(config.force_reject)
+    return p
 
 
 class SpecSession:
@@ -154,32 +166,19 @@ class SpecSession:
         if config is not None and overrides:
             raise ConfigError("pass either a SessionConfig or keyword settings, not both")
         config = config or SessionConfig(**overrides)
-        if config.spec_types is None:
-            config = config.replace(spec_types=detect_spec_types(drafter))
+        if drafter is not None:
+            # every pairing problem at once, named, before the native side allocates a context
+            report = require_pair(read_summary(target.path), read_summary(drafter.path), config.spec_types, config.n_max)
+            if config.spec_types is None:
+                config = config.replace(spec_types=report.spec_types)
+        elif config.spec_types is None:
+            config = config.replace(spec_types=())
         self.config = config
         self.target = target
         self.drafter = drafter
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
-        p = ffi.new("pls_session_params *")
-        types = list(config.spec_types)
-        p.n_spec_types = len(types)
-        for i, t in enumerate(types):
-            p.spec_types[i] = spec_type_id(t)
-        for name in ("n_max", "n_min", "p_min", "n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_threads",
-                     "n_threads_batch", "n_threads_draft", "temp", "top_k", "top_p", "min_p", "seed",
-                     "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match", "ngram_mod_n_min",
-                     "ngram_mod_n_max"):
-            setattr(p, name, getattr(config, name))
-        p.type_k = KV_CACHE_TYPES[config.cache_type_k.lower()]
-        p.type_v = KV_CACHE_TYPES[config.cache_type_v.lower()]
-        p.type_k_draft = KV_CACHE_TYPES[config.cache_type_k_draft.lower()]
-        p.type_v_draft = KV_CACHE_TYPES[config.cache_type_v_draft.lower()]
-        p.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
-        p.n_rs_seq = -1 if config.n_rs_seq is None else config.n_rs_seq
-        p.draft_backend_sampling = int(config.draft_backend_sampling)
-        p.collect_margins = int(config.margins)
-        p.force_reject = int(config.force_reject)
+        p = native_session_params(ffi, config)
         err = _native.ErrorBuffer(ffi)
         handle = self._lib.pls_session_open(target.handle, drafter.handle if drafter else ffi.NULL, p,
                                             err.buf, err.SIZE)

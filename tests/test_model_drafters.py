@@ -81,7 +81,7 @@ def test_dflash_with_wrong_hidden_size_is_refused(tmp_path_factory, dense_pair):
     wide_target = synth.write_target(other / "wide.gguf", synth.TargetShape(arch="qwen3", n_embd=128), seed=4)
     drafter = make_dflash(tmp_path_factory, wide_target, 128, (0,), version=1, block_size=16)
     with Model(target_path) as target, Model(drafter) as d:
-        with pytest.raises(PairingError, match="hidden size"):
+        with pytest.raises(PairingError, match="n_embd: target has 64, drafter has 128"):
             SpecSession(target, d, SessionConfig(n_ctx=512))
 
 

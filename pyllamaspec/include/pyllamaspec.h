@@ -236,6 +236,28 @@ void pls_request_stop(pls_session * session);
 void pls_get_stats(const pls_session * session, pls_stats * out);
 void pls_reset_stats(pls_session * session);
 
+/* ---- memory ------------------------------------------------------------------------------ */
+
+typedef struct pls_device_memory {
+    char     name[64];              /* device name; "Host" for system memory */
+    uint64_t free;
+    uint64_t total;
+    uint64_t model;                 /* weights */
+    uint64_t context;               /* KV cache and recurrent state, the snapshot ring included */
+    uint64_t compute;               /* compute buffers */
+} pls_device_memory;
+
+typedef struct pls_memory_estimate {
+    int32_t n_devices;
+    pls_device_memory devices[16];
+    int32_t drafter_approximate;    /* the drafter's share is its weights alone (it borrows the target's head) */
+} pls_memory_estimate;
+
+/* What a session of these models and settings would allocate on each device, measured by upstream's loader
+ * without allocating anything. drafter may be NULL. Returns 0, or -1 with a message. */
+int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_params * drafter,
+                            const pls_session_params * params, pls_memory_estimate * out, char * err, size_t err_size);
+
 /* ---- tools ------------------------------------------------------------------------------- */
 
 /* Requantize a GGUF through upstream's quantizer. ftype: a llama_ftype value. tensor_types:

@@ -1,0 +1,119 @@
+// Memory estimate before anything is loaded: upstream's fit code loads each model and context with
+// no_alloc and reports what every device would hold (weights, KV + recurrent ring, compute buffers).
+#include "session_plan.h"
+
+#include "fit.h"
+#include "llama-ext.h"  // llama_model_n_devices / llama_model_get_device
+#include "gguf.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+namespace {
+
+using device_totals = std::map<std::string, pls_device_memory>;
+
+void add_measured(device_totals & totals, const std::vector<ggml_backend_dev_t> & devs,
+                  const common_device_memory_data_vec & data, bool weights) {
+    // entries follow devs; the last one is host memory
+    for (size_t i = 0; i < data.size(); ++i) {
+        const std::string name = i < devs.size() ? pls::device_name(devs[i]) : std::string("Host");
+        pls_device_memory & d = totals[name];
+        snprintf(d.name, sizeof(d.name), "%s", name.c_str());
+        d.free = data[i].free > 0 ? (uint64_t) data[i].free : d.free;
+        d.total = data[i].total > 0 ? (uint64_t) data[i].total : d.total;
+        d.model += weights ? data[i].model : 0;
+        d.context += data[i].context;
+        d.compute += data[i].compute;
+    }
+}
+
+common_device_memory_data_vec measure(const char * path, const llama_model_params & mp, const llama_context_params & cp,
+                                      std::vector<ggml_backend_dev_t> & devs) {
+    uint32_t ngl = 0, n_ctx_train = 0, n_expert = 0;
+    llama_model_params m = mp;
+    llama_context_params c = cp;
+    return common_get_device_memory_data(path, &m, &c, devs, ngl, n_ctx_train, n_expert, GGML_LOG_LEVEL_ERROR);
+}
+
+int32_t gguf_block_size(const char * path) {
+    gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        return 0;
+    }
+    const int64_t id = gguf_find_key(g, "dflash.block_size");
+    const int32_t bs = id >= 0 ? (int32_t) gguf_get_val_u32(g, id) : 16;  // upstream's default
+    gguf_free(g);
+    return bs;
+}
+
+}  // namespace
+
+extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_params * drafter,
+                                       const pls_session_params * params, pls_memory_estimate * out,
+                                       char * err, size_t err_size) {
+    pls::ensure_init();
+    pls::clear_last_error();
+    if (target == nullptr || params == nullptr || out == nullptr) {
+        pls::set_err(err, err_size, "memory estimate: target and session parameters are required");
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    try {
+        common_params c = pls::session_common_params(*params);
+        const auto & types = c.speculative.types;
+        const bool block = std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) != types.end() ||
+                           std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) != types.end();
+        const int32_t n_max = pls::effective_n_max(types, params->n_max,
+                                                   block && drafter != nullptr ? gguf_block_size(drafter->path) : 0);
+        // the ring is sized as for a recurrent target; upstream drops it for archs that keep none
+        pls::context_plan plan = pls::plan_contexts(c, *params, n_max, /* target_recurrent = */ true);
+
+        device_totals totals;
+        const pls::model_load_params mt = pls::make_model_params(target);
+        std::vector<ggml_backend_dev_t> devs;
+        add_measured(totals, devs, measure(target->path, mt.mp, plan.target, devs), true);
+
+        if (plan.has_draft) {
+            // an MTP context runs on the target's own weights; anything else is a second model
+            const bool mtp_only = drafter == nullptr;
+            const pls::model_load_params md = pls::make_model_params(mtp_only ? target : drafter);
+            std::vector<ggml_backend_dev_t> ddevs;
+            try {
+                add_measured(totals, ddevs, measure(mtp_only ? target->path : drafter->path, md.mp, plan.draft, ddevs),
+                             !mtp_only);
+            } catch (const std::exception &) {
+                // a drafter that borrows the target's head needs the target's context to be built at all:
+                // count its weights where its first device (or the host) would hold them
+                if (mtp_only) {
+                    throw;
+                }
+                llama_model_params probe = md.mp;
+                probe.no_alloc = true;
+                probe.load_mode = LLAMA_LOAD_MODE_NONE;
+                llama_model * m = llama_model_load_from_file(drafter->path, probe);
+                if (m == nullptr) {
+                    throw std::runtime_error("cannot read the drafter '" + std::string(drafter->path) + "'");
+                }
+                const std::string where = llama_model_n_devices(m) > 0 && md.mp.n_gpu_layers != 0
+                                        ? pls::device_name(llama_model_get_device(m, 0)) : std::string("Host");
+                totals[where].model += llama_model_size(m);
+                snprintf(totals[where].name, sizeof(totals[where].name), "%s", where.c_str());
+                llama_model_free(m);
+                out->drafter_approximate = 1;
+            }
+        }
+        for (const auto & [name, d] : totals) {
+            if (out->n_devices < 16) {
+                out->devices[out->n_devices++] = d;
+            }
+        }
+    } catch (const std::exception & e) {
+        const std::string why = pls::take_last_error();
+        pls::set_err(err, err_size, std::string("memory estimate: ") + e.what() + (why.empty() ? "" : " (" + why + ")"));
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,27 @@
+// How a session's contexts are configured, shared by session open and the memory estimate.
+#pragma once
+
+#include "shim_common.h"
+
+#include "common.h"
+
+#include <vector>
+
+namespace pls {
+
+// llama.cpp's common parameters for a session (sampling, speculative settings, batch sizes, threads)
+common_params session_common_params(const pls_session_params & p);
+
+// the draft length after each type's own clamp (DFlash: block_size - 1); block_size 0 when no block drafter
+int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size);
+
+struct context_plan {
+    llama_context_params target{};
+    llama_context_params draft{};
+    bool has_draft = false;
+};
+
+// context parameters of target and draft; throws std::invalid_argument where upstream would assert
+context_plan plan_contexts(common_params & c, const pls_session_params & sp, int32_t n_max_eff, bool target_recurrent);
+
+}  // namespace pls

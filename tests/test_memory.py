@@ -1,0 +1,46 @@
+"""The per-device memory estimate that refuses impossible configurations before anything is allocated."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyllamaspec import SessionConfig, synth
+from pyllamaspec.errors import MemoryBudgetError
+from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory
+
+
+def host_need(estimate: MemoryEstimate) -> DeviceMemory:
+    (host,) = [d for d in estimate.devices if d.is_host]
+    return host
+
+
+def test_context_and_ring_are_counted(hybrid_pair):
+    target, _ = hybrid_pair
+    small = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
+    large = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=8192)))
+    assert small.model > 0 and large.context > small.context  # KV grows with the context
+    no_ring = host_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+                                                                             n_rs_seq=0, n_ctx=256)))
+    ring = host_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+                                                                          n_rs_seq=16, n_ctx=256)))
+    assert ring.context > no_ring.context  # 16 snapshot planes of recurrent state
+
+
+def test_drafter_weights_are_counted(dense_pair):
+    target, drafter = dense_pair
+    alone = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
+    both = host_need(estimate_memory(target, drafter, session_config=SessionConfig(spec_types="draft-simple",
+                                                                                   n_ctx=256)))
+    assert both.need > alone.need
+
+
+def test_a_gpu_short_of_memory_is_refused_with_numbers():
+    gib = 2 ** 30
+    estimate = MemoryEstimate(devices=(
+        DeviceMemory("ROCm0", free=15 * gib, total=16 * gib, model=14 * gib, context=2 * gib, compute=gib // 2),
+        DeviceMemory("Host", free=gib, total=2 * gib, model=20 * gib, context=0, compute=0)), drafter_approximate=False)
+    with pytest.raises(MemoryBudgetError, match=r"ROCm0 needs 16896 MiB .* has 15360 MiB free"):
+        estimate.check()
+    fits = MemoryEstimate(devices=(estimate.devices[0].__class__("ROCm0", 15 * gib, 16 * gib, 10 * gib, gib, gib),
+                                   estimate.devices[1]), drafter_approximate=False)
+    fits.check()  # host memory is reported, not enforced (weights are mmap'ed)
