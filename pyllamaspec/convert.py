@@ -161,7 +161,7 @@ def _scalar_formats() -> dict[Any, str]:
             T.FLOAT32: "<f4", T.BOOL: "?", T.UINT64: "<u8", T.INT64: "<i8", T.FLOAT64: "<f8"}
 
 
-def _read_tokenizer_kv(path: Path) -> tuple[list[tuple[str, Any, Any, Any]], int]:
+def read_tokenizer_kv(path: Path) -> tuple[list[tuple[str, Any, Any, Any]], int]:
     """Every ``tokenizer.*`` key/value of a GGUF (strings as bytes, so they copy exactly) and the
     token count. Only the KV section is parsed: the tensor table may hold types newer than the
     installed gguf package knows."""
@@ -260,7 +260,7 @@ def _read_target(path: Path) -> _Target:
         raise ConversionError(
             f"target GGUF {str(path)!r} has no tokenizer (tokenizer.ggml.tokens); the drafter GGUF needs the target's tokenizer"
         )
-    tokenizer_kv, n_tokens = _read_tokenizer_kv(path)
+    tokenizer_kv, n_tokens = read_tokenizer_kv(path)
     if n_tokens <= 0:
         raise ConversionError(f"target GGUF {str(path)!r} has an empty or malformed tokenizer.ggml.tokens")
     return _Target(

@@ -107,3 +107,71 @@ def _run(args: argparse.Namespace) -> int:
                         perturb_seed=args.perturb_seed, perturb_stddev=args.perturb_stddev, f16=args.f16)
     print(path)
     return 0
+
+
+def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, target_layers: tuple[int, ...],
+                         n_embd: int, n_head: int = 4, n_head_kv: int = 2, n_ff: int | None = None,
+                         seed: int = 1, stddev: float = 0.1) -> Path:
+    """A random EAGLE3 drafter (arch eagle3: fc over 3 tapped target layers + one decoder layer) that borrows
+    the target's embeddings and LM head, with the target's tokenizer. target_layers are GGUF ids (HF + 1)."""
+    import gguf
+    import numpy as np
+
+    from .convert import read_tokenizer_kv
+    from .ggufmeta import read_summary
+
+    summary = read_summary(target)
+    if len(target_layers) != 3:
+        raise ConfigError("an EAGLE3 drafter taps exactly 3 target layers")
+    n_embd_tgt = summary.n_embd
+    n_ff = n_ff or 2 * n_embd
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) = ggml {cols, rows}
+        return (rng.standard_normal((rows, cols)) * stddev).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * stddev).astype(np.float32)
+
+    tensors = {
+        "fc.weight": weight(n_embd, 3 * n_embd_tgt),
+        "output_norm.weight": norm(n_embd),
+        "blk.0.attn_norm.weight": norm(n_embd),
+        "blk.0.attn_norm_2.weight": norm(n_embd),
+        "blk.0.attn_q.weight": weight(n_head * head_dim, 2 * n_embd),
+        "blk.0.attn_k.weight": weight(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_v.weight": weight(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_output.weight": weight(n_embd, n_head * head_dim),
+        "blk.0.ffn_norm.weight": norm(n_embd),
+        "blk.0.ffn_gate.weight": weight(n_ff, n_embd),
+        "blk.0.ffn_up.weight": weight(n_ff, n_embd),
+        "blk.0.ffn_down.weight": weight(n_embd, n_ff),
+    }
+    tokenizer_kv, _ = read_tokenizer_kv(Path(target))
+    path = Path(path)
+    with atomic_output(path, force=True, error=ModelLoadError) as tmp:
+        w = gguf.GGUFWriter(tmp, arch="eagle3")
+        try:
+            a = "eagle3"
+            w.add_string("general.name", "pyllamaspec synthetic eagle3")
+            w.add_uint32(f"{a}.context_length", summary.n_ctx_train or 4096)
+            w.add_uint32(f"{a}.embedding_length", n_embd)
+            w.add_uint32(f"{a}.block_count", 1)
+            w.add_uint32(f"{a}.feed_forward_length", n_ff)
+            w.add_uint32(f"{a}.attention.head_count", n_head)
+            w.add_uint32(f"{a}.attention.head_count_kv", n_head_kv)
+            w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+            w.add_float32(f"{a}.rope.freq_base", 1000000.0)
+            w.add_array(f"{a}.target_layers", list(target_layers))
+            w.add_uint32(f"{a}.target_hidden_size", n_embd_tgt)
+            for key, value, vtype, sub in tokenizer_kv:
+                w.add_key_value(key, value, vtype, sub_type=sub)
+            for name, data in tensors.items():
+                w.add_tensor(name, data)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()
+    return path

@@ -96,3 +96,26 @@ def test_mtp_is_exact_on_a_hybrid_target(mtp_target, n_max):
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert_stats_consistent(r.stats)
     assert r.stats.n_drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
+    from pyllamaspec import synth
+    fixture, n_embd, _ = TARGETS[kind]
+    target_path, _ = request.getfixturevalue(fixture)
+    n_layer = 2 if kind == "dense" else 4
+    # EAGLE3 may also tap id n_layer (the final hidden state), through the NextN embeddings
+    layers = (1, 1, 2) if kind == "dense" else (1, 2, 4)
+    drafter_path = tmp_path_factory.mktemp("eagle3") / "eagle3.gguf"
+    synth.write_eagle3_drafter(drafter_path, target_path, target_layers=layers, n_embd=n_embd)
+    with Model(target_path) as target, Model(drafter_path) as drafter:
+        assert drafter.info.arch == "eagle3" and drafter.info.target_layers == layers and n_layer >= max(layers)
+        ref = plain(target)
+        with SpecSession(target, drafter, SessionConfig(spec_types="draft-eagle3", n_max=n_max, n_ctx=512)) as s:
+            if kind == "hybrid":
+                assert s.info.rollback_target == "ring" and s.info.n_rs_seq == min(n_max, 16)
+            r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert r.stats.n_drafted > 0
