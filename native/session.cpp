@@ -802,6 +802,9 @@ extern "C" int32_t pls_begin(pls_session * s, const int32_t * prompt, int32_t n_
     } catch (const std::length_error & e) {
         pls::set_err(err, err_size, std::string("context: ") + e.what());
         return -2;
+    } catch (const std::invalid_argument & e) {
+        pls::set_err(err, err_size, e.what());
+        return -3;
     } catch (const std::exception & e) {
         s->active = false;
         pls::set_err(err, err_size, e.what());

@@ -126,8 +126,6 @@ def _error_for(message: str) -> PyllamaspecError:
         return PairingError(message)
     if message.startswith("placement:"):
         return PlacementError(message)
-    if message.startswith("context:"):
-        return ContextOverflowError(message)
     return ConfigError(message)
 
 
@@ -262,12 +260,14 @@ class SpecSession:
             raise GenerationError("this session is already generating; open another session for a second stream")
         self._busy = True
 
-    def _raise_native(self, rc: int, err) -> None:
-        text = err.text
-        if rc == -2 or text.startswith("context:"):
-            raise ContextOverflowError(text.removeprefix("context: "))
+    @staticmethod
+    def _raise_native(rc: int, err) -> None:
+        if rc == -2:
+            raise ContextOverflowError(err.text.removeprefix("context: "))
+        if rc == -3:
+            raise ConfigError(err.text)
         if rc < 0:
-            raise (ConfigError(text) if "prompt" in text and "vocab" in text else GenerationError(text))
+            raise GenerationError(err.text)
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *, reset_stats: bool = True,
                  on_tokens: Callable[[list[int]], bool | None] | None = None) -> GenerationResult:

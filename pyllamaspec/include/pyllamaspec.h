@@ -223,8 +223,10 @@ int32_t       pls_session_get_info(const pls_session * session, pls_session_info
 int32_t pls_generate(pls_session * session, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
                      pls_emit_cb callback, void * user_data, char * err, size_t err_size);
 
-/* Pull style: begin, then step until it reports a finish reason. step returns the number of tokens
- * written (0 at the end), or -1 on error; *finish receives PLS_FINISH_*. */
+/* Pull style: begin, then step until it reports a finish reason. begin returns 0, -2 when the prompt does
+ * not fit the context, -3 for an invalid prompt, -1 for other errors (pls_generate returns the same before it
+ * starts). step returns the number of tokens written (0 at the end), or -1 on error; *finish receives PLS_FINISH_*.
+ * Error messages of session open start with "pairing:" or "placement:" for those kinds of problem. */
 int32_t pls_begin(pls_session * session, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
                   char * err, size_t err_size);
 int32_t pls_step(pls_session * session, int32_t * tokens, float * margins, int32_t capacity, int32_t * finish,
