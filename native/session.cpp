@@ -35,13 +35,22 @@ struct scoped_timer {
     ~scoped_timer() { acc_ms += (now_us() - t0) / 1000.0; }
 };
 
-bool is_model_drafter(common_speculative_type t) {
-    return t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 || t == COMMON_SPECULATIVE_TYPE_DRAFT_MTP ||
-           t == COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH || t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK;
-}
-
 bool has_type(const std::vector<common_speculative_type> & types, common_speculative_type t) {
     return std::find(types.begin(), types.end(), t) != types.end();
+}
+
+// one verify step that committed tokens: a replay after a checkpoint restore is not a new step
+void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
+    st.n_steps++;
+    st.n_drafts += n_draft > 0;
+    st.n_drafted += n_draft;
+    st.n_accepted += n_accepted;
+    for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
+        st.drafted_per_pos[i]++;
+    }
+    for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
+        st.accepted_per_pos[i]++;
+    }
 }
 
 // target top-1 minus top-2 logit: how close the target's own choice was to a tie at this position
@@ -622,23 +631,16 @@ int32_t step(pls_session & s, std::vector<int32_t> & out_tokens, std::vector<flo
     const size_t n_accepted = ids.size() - 1;
 
     if (s.ckpt_valid && n_accepted < n_draft) {
-        // restore the state before this verify and replay the accepted tokens as the next "draft"
+        // restore the state before this verify and replay the accepted tokens as the next "draft"; the
+        // checkpoint stays valid, so a replay that disagrees at a near-tie is restored and replayed again
         scoped_timer t(s.stats.t_rollback_ms);
         s.stats.n_rollback_checkpoint++;
         s.stats.n_replayed += ids.size();
-        s.stats.n_drafted += n_draft;
-        s.stats.n_drafts++;
-        for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
-            s.stats.drafted_per_pos[i]++;
+        if (!replay) {
+            count_step(s.stats, n_draft, n_accepted);
         }
-        s.stats.n_accepted += n_accepted;
-        for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
-            s.stats.accepted_per_pos[i]++;
-        }
-        s.stats.n_steps++;
         // the drafters hear about acceptance after the replay, whose verify batch they will have processed
         s.draft = std::move(ids);
-        // the replay re-decodes id_last too: it is the last committed token, ids holds the new ones
         s.ckpt.load_tgt(ctx_tgt, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
         llama_memory_seq_rm(mem_tgt, SEQ, s.ckpt.pos_max + 1, -1);
         if (ctx_dft) {
@@ -648,24 +650,12 @@ int32_t step(pls_session & s, std::vector<int32_t> & out_tokens, std::vector<flo
         s.prompt_tgt.resize(s.ckpt.n_tokens);
         s.smpl = std::move(smpl_save);
         s.n_past = (int32_t) s.prompt_tgt.size();
-        s.ckpt_valid = false;
         s.stats.t_decode_ms += (now_us() - t_step0) / 1000.0;
         return 0;  // nothing committed yet: the next step replays and commits
     }
 
     if (!replay) {
-        s.stats.n_steps++;
-        if (n_draft > 0) {
-            s.stats.n_drafts++;
-        }
-        s.stats.n_drafted += n_draft;
-        s.stats.n_accepted += n_accepted;
-        for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
-            s.stats.drafted_per_pos[i]++;
-        }
-        for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
-            s.stats.accepted_per_pos[i]++;
-        }
+        count_step(s.stats, n_draft, n_accepted);
         if (s.spec) {
             common_speculative_accept(s.spec, SEQ, (uint16_t) n_accepted);
         }

@@ -10,7 +10,7 @@
 
 namespace {
 
-std::atomic<int> g_log_level{1};
+std::atomic<int> g_log_level{0};  // errors only; -v raises it
 thread_local std::string t_last_error;
 
 // our 0..3 scale onto libllama-common's verbosity threshold

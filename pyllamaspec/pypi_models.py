@@ -55,14 +55,6 @@ def cache_root() -> Path:
     return Path(base)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _part_number(member: str) -> int:
     m = re.search(r"part(\d+)\.bin$", member)
     if not m:

@@ -19,11 +19,12 @@ from pyllamaspec.bench.cotenant import DEFAULT_IGNORED_NAMES, CotenantDetector, 
 from pyllamaspec.bench.equivalence import DEFAULT_MARGIN_TOLERANCE
 from pyllamaspec.bench.external import LlamaCppPythonBackend, SpeculativeSimpleBackend, packaged_speculative_simple
 from pyllamaspec.bench.lock import DeviceLock
-from pyllamaspec.bench.plan import (DEFAULT_REPEATS, DRAFTER_SPEC_TYPES, PLAIN_ARM_NAME, SPEC_TYPES, Arm, PromptMode,
+from pyllamaspec.bench.plan import (DEFAULT_REPEATS, PLAIN_ARM_NAME, Arm, PromptMode,
                                     check_modes, spec_arm_name)
 from pyllamaspec.bench.report import assemble, build_environment, load_json, render_markdown, write_json, write_plots
 from pyllamaspec.bench.runner import BenchRunner, BenchSettings
 from pyllamaspec.bench.workloads import CONTENT_CLASSES, load_prompt_set
+from pyllamaspec.config import DRAFTER_TYPES, SPEC_TYPES
 from pyllamaspec.errors import ConfigError, PyllamaspecError
 
 # A CPU run shares its cores with everything else: more than one runnable task on average beforehand is a tenant.
@@ -137,7 +138,7 @@ def build_arms(args: argparse.Namespace) -> list[Arm]:
         if unknown:
             raise ConfigError(f"unknown spec type {unknown[0]!r} (the plain arm is always included); choose from "
                               f"{', '.join(SPEC_TYPES[1:])}")
-        needs_drafter = any(name in DRAFTER_SPEC_TYPES for name in types)
+        needs_drafter = any(name in DRAFTER_TYPES for name in types)
         if needs_drafter and not labels:
             raise ConfigError(f"spec type {item} needs a drafter model: give -md GGUF")
         for n_max in args.spec_draft_n_max:

@@ -15,13 +15,6 @@ from pyllamaspec.errors import ConfigError
 
 DEFAULT_REPEATS = 8
 
-SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-              "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-"""llama.cpp's speculative types, by their upstream names."""
-
-DRAFTER_SPEC_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark"})
-"""Types that need a separate drafter model (draft-mtp uses the target's own MTP head; n-gram types need none)."""
-
 PLAIN_ARM_NAME = "plain"
 
 

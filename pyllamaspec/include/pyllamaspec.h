@@ -31,7 +31,7 @@ int32_t pls_abi_version(void);
 /* JSON text: backends compiled in, devices visible (name, description, type, free/total bytes). */
 int32_t pls_system_info_json(char * buf, int32_t buf_size);
 
-/* 0 = errors only, 1 = warnings, 2 = info, 3 = debug. Logs go to stderr. */
+/* 0 = errors only (the default), 1 = warnings, 2 = info, 3 = debug. Logs go to stderr. */
 void pls_set_log_level(int32_t level);
 
 /* ---- models ------------------------------------------------------------------------------ */

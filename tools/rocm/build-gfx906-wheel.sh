@@ -6,15 +6,17 @@
 #
 # What it does (everything outside the repo, under $PYLLAMASPEC_ROCM_CACHE, default /var/cache/pyllamaspec-rocm):
 #   1. creates (once) a Debian sid chroot with Debian's ROCm 6.4 toolchain (hipcc, clang-21, hipBLAS, rocBLAS),
-#      and a bookworm sysroot (glibc 2.36, libstdc++ 12) inside it so the host code links against an old glibc;
+#      and a Debian bullseye sysroot (glibc 2.31, gcc-10 libstdc++) inside it, so the host code links against
+#      an old glibc and libstdc++ (default; --sysroot-suite bookworm: glibc 2.36 + gcc 12, manylinux_2_35);
 #   2. copies the repo's working tree (tracked + untracked, not ignored) and the llama.cpp carrier into it;
 #   3. runs tools/rocm/build-and-verify.sh there under a fixed `env -i` environment (stable ccache keys):
 #      `pip wheel .` (scikit-build-core, PYLLAMASPEC_BACKEND=hip), auditwheel repair excluding the ROCm
 #      runtime, then verification (offload bundles, NEEDED, glibc floor, install + `pyllamaspec info` + tests);
 #   4. copies the repaired wheel to dist/rocm/ in the repo.
 # apt's archive, pip's cache and ccache live in $PYLLAMASPEC_ROCM_CACHE and are bind-mounted into the chroot.
-# Needs root (debootstrap, chroot, mount), debootstrap on the host, and a Debian mirror (read from the host's
-# apt sources; override with PYLLAMASPEC_DEBIAN_MIRROR). PyPI must be reachable (build dependencies).
+# Needs root (debootstrap, chroot, mount; debootstrap is apt-installed on the host if missing) and a Debian
+# mirror (read from the host's apt sources; override with PYLLAMASPEC_DEBIAN_MIRROR). PyPI must be reachable
+# (build dependencies); the host's local CA certificates are copied in for a TLS-inspecting proxy.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,7 +27,7 @@ SYSROOT_MODE=1
 SETUP_ONLY=0
 SHELL_ONLY=0
 SUITE=sid
-SYSROOT_SUITE=bookworm
+SYSROOT_SUITE=bullseye   # glibc 2.31 + libstdc++ 10: the wheel is manylinux_2_31
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -82,7 +84,10 @@ bind() {  # bind <host dir> <path inside chroot>
 mkdir -p "$CACHE"
 if [ ! -x "$ROOTFS/usr/bin/apt-get" ] || [ ! -e "$ROOTFS/.pyllamaspec-debootstrap-ok" ]; then
     log "debootstrap $SUITE from $MIRROR into $ROOTFS"
-    command -v debootstrap >/dev/null || { echo "install debootstrap on the host first (apt-get install debootstrap)" >&2; exit 1; }
+    if ! command -v debootstrap >/dev/null; then   # the only change this script makes to the host
+        command -v apt-get >/dev/null || { echo "needs debootstrap (a Debian host)" >&2; exit 1; }
+        apt-get install -y -q debootstrap || { apt-get update -q && apt-get install -y -q debootstrap; }
+    fi
     rm -rf "$ROOTFS"
     debootstrap --variant=minbase "$SUITE" "$ROOTFS" "$MIRROR"
     touch "$ROOTFS/.pyllamaspec-debootstrap-ok"
@@ -120,7 +125,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$PKGS" ]; then
     echo "$PKGS" > "$STAMP"
 fi
 
-# --- the sysroot (default bookworm: glibc 2.36 + libstdc++ 12) for the host-side code ----------------------
+# --- the sysroot (default bullseye: glibc 2.31 + libstdc++ 10) for the host-side code ----------------------
 SYSROOT_PKGS="libc6 libc6-dev linux-libc-dev libcrypt1 libcrypt-dev libgcc-s1 libgcc-$SYSROOT_GCC-dev libstdc++6 libstdc++-$SYSROOT_GCC-dev libgomp1 gcc-$SYSROOT_GCC-base"
 SYSROOT="$ROOTFS$SYSROOT_IN"
 if [ "$SYSROOT_MODE" = 1 ] && [ "$(cat "$SYSROOT/.pyllamaspec-sysroot" 2>/dev/null)" != "$SYSROOT_PKGS" ]; then

@@ -3,11 +3,12 @@
 # Debian sid has the ROCm 6.4 toolchain llama.cpp needs, but its glibc (2.43) and libstdc++ (gcc 16) would
 # make every library in the wheel need glibc 2.43. This toolchain file keeps sid's clang-21 (the HIP compiler)
 # and ROCm headers/libraries, but compiles and links all C, C++ and the host half of HIP against a sysroot
-# holding Debian bookworm's glibc 2.36 and gcc-12 libstdc++/libgcc/libgomp (tools/rocm/build-gfx906-wheel.sh
-# unpacks it). sid's /usr/include stays reachable, but only after the sysroot (clang adds ROCm's include dir
+# holding an older Debian's glibc and gcc libstdc++/libgcc/libgomp (tools/rocm/build-gfx906-wheel.sh unpacks
+# it: bullseye = glibc 2.31 + gcc 10 by default, bookworm = glibc 2.36 + gcc 12). sid's /usr/include stays
+# reachable, but only after the sysroot (clang adds ROCm's include dir
 # with -idirafter), so glibc's headers come from the sysroot and no C23 redirects (__isoc23_strtol) appear.
 #
-#   CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=tools/rocm/sysroot-toolchain.cmake -DPYLLAMASPEC_SYSROOT=/opt/sysroot-bookworm"
+#   CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=tools/rocm/sysroot-toolchain.cmake -DPYLLAMASPEC_SYSROOT=/opt/sysroot-bullseye"
 set(PYLLAMASPEC_SYSROOT "$ENV{PYLLAMASPEC_SYSROOT}" CACHE PATH "sysroot with an old glibc + libstdc++ for host code")
 set(PYLLAMASPEC_LLVM "/usr/lib/llvm-21" CACHE PATH "LLVM/clang install that compiles HIP")
 if(NOT PYLLAMASPEC_SYSROOT OR NOT EXISTS "${PYLLAMASPEC_SYSROOT}/usr/include/stdio.h")
