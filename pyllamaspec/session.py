@@ -313,9 +313,13 @@ class SpecSession:
     def stream(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                reset_stats: bool = True) -> Iterator[str]:
         """Yield text as it is verified; pieces never split a UTF-8 character. Closing the iterator stops."""
-        for piece, _tokens in self.stream_tokens(prompt, n_predict, reset_stats=reset_stats):
-            if piece:
-                yield piece
+        steps = self.stream_tokens(prompt, n_predict, reset_stats=reset_stats)
+        try:
+            for piece, _tokens in steps:
+                if piece:
+                    yield piece
+        finally:
+            steps.close()  # closing this iterator must end the native generation now, not when steps is collected
 
     def stream_tokens(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                       reset_stats: bool = True) -> Iterator[tuple[str, list[int]]]:

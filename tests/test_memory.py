@@ -9,27 +9,28 @@ from pyllamaspec.errors import MemoryBudgetError
 from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory
 
 
-def host_need(estimate: MemoryEstimate) -> DeviceMemory:
-    (host,) = [d for d in estimate.devices if d.is_host]
-    return host
+def total_need(estimate: MemoryEstimate) -> DeviceMemory:
+    """All devices together (the KV cache sits on a GPU when there is one, on the host otherwise)."""
+    return DeviceMemory("all", 0, 0, *(sum(getattr(d, f) for d in estimate.devices)
+                                       for f in ("model", "context", "compute")))
 
 
 def test_context_and_ring_are_counted(hybrid_pair):
     target, _ = hybrid_pair
-    small = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
-    large = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=8192)))
+    small = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
+    large = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=8192)))
     assert small.model > 0 and large.context > small.context  # KV grows with the context
-    no_ring = host_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+    no_ring = total_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
                                                                              n_rs_seq=0, n_ctx=256)))
-    ring = host_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+    ring = total_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
                                                                           n_rs_seq=16, n_ctx=256)))
     assert ring.context > no_ring.context  # 16 snapshot planes of recurrent state
 
 
 def test_drafter_weights_are_counted(dense_pair):
     target, drafter = dense_pair
-    alone = host_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
-    both = host_need(estimate_memory(target, drafter, session_config=SessionConfig(spec_types="draft-simple",
+    alone = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
+    both = total_need(estimate_memory(target, drafter, session_config=SessionConfig(spec_types="draft-simple",
                                                                                    n_ctx=256)))
     assert both.need > alone.need
 

@@ -11,7 +11,11 @@ from pyllamaspec import Model, SessionConfig, SpecSession
 
 pytestmark = pytest.mark.realmodel
 
-NEAR_TIE = 0.05  # logit units; measured divergences on this pair sit at margins well below this
+# A near-tie is a margin within the batch-shape noise of the target's logits: llama.cpp's batched and
+# single-token kernels differ, and on this pair on x86 CPU kernels the top-1/top-2 margin moves by up to ~0.3
+# logits between the two (measured with forced-rejection runs, whose committed tokens all come from position 0
+# of a verify batch; a typical margin is several logits). Each test also measures that noise on its own prompt.
+MIN_NEAR_TIE = 0.35
 N_PREDICT = 64
 PROMPTS = {
     "code": "Write a Python function that parses an ISO-8601 date string and returns a datetime, with tests",
@@ -30,13 +34,15 @@ def _prompt(target, text):
     return target.apply_chat_template([{"role": "user", "content": text}])
 
 
-def _check(spec, ref):
-    for i, (a, b) in enumerate(zip(spec.tokens, ref.tokens)):
-        if a != b:
-            assert ref.margins[i] < NEAR_TIE, f"divergence at {i}, margin {ref.margins[i]:.4f}"
-            return i
-    assert spec.tokens == ref.tokens
-    return None
+def _first_divergence(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def _batch_shape_noise(forced, ref) -> float:
+    """Largest margin difference between batched and single-token decoding before their first divergence."""
+    end = _first_divergence(forced.tokens, ref.tokens)
+    pairs = list(zip(forced.margins, ref.margins))[:end]
+    return max((abs(x - y) for x, y in pairs), default=0.0)
 
 
 @pytest.mark.parametrize("content", sorted(PROMPTS))
@@ -48,9 +54,18 @@ def test_real_pair_reproduces_plain_greedy(models, content, spec_type, n_max):
     with SpecSession(target, None, base.replace(spec_types=[])) as s:
         ref = s.generate(prompt, N_PREDICT)
     cfg = base.replace(spec_types=[spec_type], n_max=n_max, ngram_size_n=3, ngram_size_m=8)
-    with SpecSession(target, drafter if spec_type == "draft-simple" else None, cfg) as s:
+    drafter_or_none = drafter if spec_type == "draft-simple" else None
+    with SpecSession(target, drafter_or_none, cfg) as s:
         r = s.generate(prompt, N_PREDICT)
-    _check(r, ref)
+    with SpecSession(target, drafter, base.replace(spec_types=["draft-simple"], n_max=n_max, force_reject=True)) as s:
+        forced = s.generate(prompt, N_PREDICT)
+    near_tie = max(MIN_NEAR_TIE, 1.5 * _batch_shape_noise(forced, ref))
+    for run in (r, forced):
+        at = _first_divergence(run.tokens, ref.tokens)
+        if at is None:
+            assert run.tokens == ref.tokens
+        else:
+            assert ref.margins[at] < near_tie, f"divergence at {at}: margin {ref.margins[at]:.4f} >= {near_tie:.4f}"
     if spec_type == "draft-simple":
         assert r.stats.acceptance > 0
 
