@@ -81,7 +81,7 @@ extern "C" int32_t pls_synth_model(const pls_synth_params * p, const char * path
     const uint32_t head_dim = p->n_embd / p->n_head;
     gguf_set_val_str(g, "general.architecture", a.c_str());
     gguf_set_val_str(g, "general.name", ("pyllamaspec synthetic " + a).c_str());
-    gguf_set_val_u32(g, "general.file_type", p->ftype == 1 ? 1 : 0);
+    gguf_set_val_u32(g, "general.file_type", 0);  // F32: requantize the result for other types
     gguf_set_val_u32(g, key("vocab_size").c_str(), p->n_vocab);
     gguf_set_val_u32(g, key("context_length").c_str(), p->n_ctx_train > 0 ? p->n_ctx_train : 4096);
     gguf_set_val_u32(g, key("embedding_length").c_str(), p->n_embd);

@@ -53,7 +53,8 @@ PRESETS = {
 
 def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *, seed: int = 1, stddev: float = 0.1,
                  perturb_seed: int = 0, perturb_stddev: float = 0.0, f16: bool = False) -> Path:
-    """Write a random model of `shape`; with perturb_seed, a noisy copy of the same model (a draft model)."""
+    """Write a random model of `shape`; with perturb_seed, a noisy copy of the same model (a draft model).
+    Weights are F32, or F16 through upstream's quantizer when f16 is set."""
     ffi, lib = _native.load()
     p = ffi.new("pls_synth_params *")
     arch = ffi.new("char[]", shape.arch.encode())
@@ -61,7 +62,6 @@ def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *,
     for k, v in asdict(shape).items():
         if k != "arch":
             setattr(p, k, v)
-    p.ftype = 1 if f16 else 0
     p.seed, p.stddev = seed, stddev
     p.perturb_seed, p.perturb_stddev = perturb_seed, perturb_stddev
     path = Path(path)
@@ -69,6 +69,14 @@ def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *,
     with atomic_output(path, force=True, error=ModelLoadError) as tmp:
         if lib.pls_synth_model(p, str(tmp).encode(), err.buf, err.SIZE) != 0:
             raise ModelLoadError(err.text)
+        if f16:
+            from .quantize_cmd import quantize
+            f32 = tmp.with_name(tmp.name + ".f32")
+            os.replace(tmp, f32)
+            try:
+                quantize(f32, tmp, "F16", force=True)
+            finally:
+                f32.unlink()
     return path
 
 

@@ -95,3 +95,11 @@ def test_cli_reports_sizes(q8_pair, tmp_path):
     bad = subprocess.run(["pyllamaspec", "quantize", str(t8), str(tmp_path / "c.gguf")], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "error" in bad.stderr
+
+
+def test_synthetic_models_can_be_written_at_f16(tmp_path):
+    path = synth.write_target(tmp_path / "t16.gguf", SHAPE, seed=5, f16=True)
+    assert read_summary(path).file_type == "F16"
+    assert [p.name for p in tmp_path.iterdir()] == ["t16.gguf"]  # no F32 intermediate left behind
+    with Model(path) as m:
+        assert m.info.n_embd == SHAPE.n_embd

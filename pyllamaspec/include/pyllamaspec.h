@@ -270,7 +270,7 @@ int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype,
 int32_t pls_ftype_name(int32_t ftype, char * buf, int32_t buf_size);
 
 /* Synthetic models for tests and benchmarks: a tiny-to-realistic random model of an upstream arch,
- * built from metadata alone by upstream's loader and saved as GGUF. */
+ * built from metadata alone by upstream's loader and saved as GGUF with F32 weights. */
 typedef struct pls_synth_params {
     const char * arch;              /* "llama", "qwen2", "qwen3", "qwen35", ... */
     int32_t  n_vocab;
@@ -286,7 +286,6 @@ typedef struct pls_synth_params {
     int32_t  ssm_n_group;
     int32_t  ssm_d_conv;
     int32_t  n_layer_nextn;         /* MTP heads appended after the trunk */
-    int32_t  ftype;                 /* llama_ftype of the weights written (0 = F32, 1 = F16) */
     uint32_t seed;
     float    stddev;
     uint32_t perturb_seed;          /* 0: none; else add N(0, perturb_stddev) noise (a "draft model") */
