@@ -80,6 +80,7 @@ struct pls_session {
     llama_context_ptr ctx_dft;
     common_speculative * spec = nullptr;
     common_sampler_ptr smpl;
+    common_batch batch;  // prompt chunks and verify batches of the target, reused every step
 
     int32_t n_max_effective = 0;
     int32_t block_size = 0;
@@ -112,6 +113,7 @@ struct pls_session {
             common_speculative_free(spec);
         }
         smpl.reset();
+        batch = common_batch();  // before the context it was sized for
         ctx_dft.reset();
         ctx_tgt.reset();
     }
@@ -427,6 +429,7 @@ void create_contexts(pls_session & s) {
         s.draft_device = s.drafter ? pls::device_name(dd) : pls::device_name(nullptr);
     }
     c.speculative.draft.ctx_tgt = s.ctx_tgt.get();
+    s.batch = common_batch(s.ctx_tgt.get());
 
     // how each context rolls back: probed once (the probe clears the memory, harmless before any prompt)
     const auto tgt_rm = common_context_can_seq_rm(s.ctx_tgt.get());
@@ -510,7 +513,7 @@ void begin(pls_session & s, const int32_t * prompt, int32_t n_prompt, int32_t n_
     {
         scoped_timer t(s.stats.t_prefill_ms);
         const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
-        common_batch batch(s.ctx_tgt.get());
+        common_batch & batch = s.batch;
         for (int32_t i0 = 0; i0 < n_prompt - 1; i0 += n_batch) {
             batch.clear();
             const int32_t i1 = std::min(n_prompt - 1, i0 + n_batch);
@@ -600,9 +603,10 @@ int32_t step(pls_session & s, std::vector<int32_t> & out_tokens, std::vector<flo
     const size_t n_draft = s.draft.size();
 
     // verify [id_last, draft...]
-    common_batch batch(ctx_tgt);
+    common_batch & batch = s.batch;
     {
         scoped_timer t(s.stats.t_verify_ms);
+        batch.clear();
         batch.add(s.id_last, s.n_past, SEQ, true);
         for (size_t i = 0; i < n_draft; ++i) {
             batch.add(s.draft[i], s.n_past + 1 + (int32_t) i, SEQ, true);
