@@ -37,6 +37,26 @@ common_device_memory_data_vec measure(const char * path, const llama_model_param
     return common_get_device_memory_data(path, &m, &c, devs, ngl, n_ctx_train, n_expert, GGML_LOG_LEVEL_ERROR);
 }
 
+bool gguf_has_ssm(const char * path) {
+    gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        return false;  // the measurement below reports what is wrong with the file
+    }
+    bool has = false;
+    const int64_t arch_id = gguf_find_key(g, "general.architecture");
+    if (arch_id >= 0 && gguf_get_kv_type(g, arch_id) == GGUF_TYPE_STRING) {
+        const std::string arch = gguf_get_val_str(g, arch_id);
+        // present and non-zero: savers write these keys for every arch, zero where there is no SSM
+        for (const char * key : { ".ssm.state_size", ".ssm.conv_kernel" }) {
+            const int64_t id = gguf_find_key(g, (arch + key).c_str());
+            has = has || (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_UINT32 && gguf_get_val_u32(g, id) > 0);
+        }
+    }
+    gguf_free(g);
+    return has;
+}
+
 int32_t gguf_block_size(const char * path) {
     gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
     gguf_context * g = gguf_init_from_file(path, gp);
@@ -68,8 +88,9 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
                            std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) != types.end();
         const int32_t n_max = pls::effective_n_max(types, params->n_max,
                                                    block && drafter != nullptr ? gguf_block_size(drafter->path) : 0);
-        // the ring is sized as for a recurrent target; upstream drops it for archs that keep none
-        pls::context_plan plan = pls::plan_contexts(c, *params, n_max, /* target_recurrent = */ true);
+        // recurrent state (and so a ring) only where the GGUF declares an SSM; upstream drops the ring for
+        // recurrent archs that keep none
+        pls::context_plan plan = pls::plan_contexts(c, *params, n_max, gguf_has_ssm(target->path));
 
         device_totals totals;
         const pls::model_load_params mt = pls::make_model_params(target);

@@ -174,10 +174,6 @@ pls::context_plan pls::plan_contexts(common_params & c, const pls_session_params
     return plan;
 }
 
-namespace {
-
-}  // namespace
-
 common_params pls::session_common_params(const pls_session_params & p) {
     common_params c;
     c.n_ctx = p.n_ctx;

@@ -45,3 +45,11 @@ def test_a_gpu_short_of_memory_is_refused_with_numbers():
     fits = MemoryEstimate(devices=(estimate.devices[0].__class__("ROCm0", 15 * gib, 16 * gib, 10 * gib, gib, gib),
                                    estimate.devices[1]), drafter_approximate=False)
     fits.check()  # host memory is reported, not enforced (weights are mmap'ed)
+
+
+def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):
+    target, _ = dense_pair
+    # a micro-batch too small for a 16-deep ring is fine on a target without recurrent state, as in a session
+    e = estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=7, n_rs_seq=16,
+                                                             n_ubatch=8, n_batch=8, n_ctx=256))
+    assert total_need(e).context > 0
