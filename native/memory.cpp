@@ -57,16 +57,24 @@ bool gguf_has_ssm(const char * path) {
     return has;
 }
 
-int32_t gguf_block_size(const char * path) {
+struct block_layout {
+    int32_t block_size = 0;
+    bool sample_from_anchor = true;
+};
+
+block_layout gguf_block_layout(const char * path) {
     gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
     gguf_context * g = gguf_init_from_file(path, gp);
+    block_layout out;
     if (g == nullptr) {
-        return 0;
+        return out;
     }
     const int64_t id = gguf_find_key(g, "dflash.block_size");
-    const int32_t bs = id >= 0 ? (int32_t) gguf_get_val_u32(g, id) : 16;  // upstream's default
+    out.block_size = id >= 0 ? (int32_t) gguf_get_val_u32(g, id) : 16;  // upstream's default
+    const int64_t ia = gguf_find_key(g, "dflash.sample_from_anchor");
+    out.sample_from_anchor = ia < 0 || gguf_get_kv_type(g, ia) != GGUF_TYPE_BOOL || gguf_get_val_bool(g, ia);
     gguf_free(g);
-    return bs;
+    return out;
 }
 
 }  // namespace
@@ -86,8 +94,8 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
         const auto & types = c.speculative.types;
         const bool block = std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) != types.end() ||
                            std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) != types.end();
-        const int32_t n_max = pls::effective_n_max(types, params->n_max,
-                                                   block && drafter != nullptr ? gguf_block_size(drafter->path) : 0);
+        const block_layout layout = block && drafter != nullptr ? gguf_block_layout(drafter->path) : block_layout{};
+        const int32_t n_max = pls::effective_n_max(types, params->n_max, layout.block_size, layout.sample_from_anchor);
         // recurrent state (and so a ring) only where the GGUF declares an SSM; upstream drops the ring for
         // recurrent archs that keep none
         pls::context_plan plan = pls::plan_contexts(c, *params, n_max, gguf_has_ssm(target->path));

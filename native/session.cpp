@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 
@@ -70,6 +71,24 @@ float top2_margin(const float * logits, int32_t n_vocab) {
 
 }  // namespace
 
+// One generated sequence of a session: its own position, draft, checkpoint, sampler and counters.
+struct stream_state {
+    llama_seq_id seq = 0;
+    bool active = false;
+    llama_tokens prompt_tgt;
+    llama_tokens draft;
+    llama_token id_last = 0;
+    int32_t n_past = 0;
+    int64_t n_emitted = 0;
+    common_prompt_checkpoint ckpt;
+    bool ckpt_valid = false;   // a target checkpoint was taken for the draft being verified
+    bool replay = false;       // this step re-decodes tokens restored from a checkpoint
+    int32_t i_batch = -1;      // where this stream's [id_last, draft...] starts in the verify batch
+    int32_t finish = PLS_FINISH_NONE;
+    common_sampler_ptr smpl;
+    pls_stats stats{};         // counters only; the session's stats hold the (shared) timings
+};
+
 struct pls_session {
     pls_model * target = nullptr;
     pls_model * drafter = nullptr;
@@ -79,11 +98,11 @@ struct pls_session {
     llama_context_ptr ctx_tgt;
     llama_context_ptr ctx_dft;
     common_speculative * spec = nullptr;
-    common_sampler_ptr smpl;
     common_batch batch;  // prompt chunks and verify batches of the target, reused every step
 
     int32_t n_max_effective = 0;
     int32_t block_size = 0;
+    bool sample_from_anchor = true;  // DSpark block layout
     int32_t rollback_tgt = ROLLBACK_NONE;
     int32_t rollback_dft = ROLLBACK_NONE;
     bool use_ckpt_tgt_always = false;  // FULL: every verify with a draft is checkpointed
@@ -93,17 +112,10 @@ struct pls_session {
     int32_t n_vocab = 0;
     std::string draft_device = "none";
 
-    // generation state (sequence 0)
-    bool active = false;
-    llama_tokens prompt_tgt;
-    llama_tokens draft;
-    llama_token id_last = 0;
-    int32_t n_past = 0;
+    // generation state
+    bool active = false;                 // some stream is still generating
+    std::vector<stream_state> streams;   // of the last begin; stream i is sequence i
     int32_t n_predict = -1;
-    int64_t n_emitted = 0;
-    common_prompt_checkpoint ckpt;
-    bool ckpt_valid = false;   // a target checkpoint was taken for the draft being verified
-    int32_t finish = PLS_FINISH_NONE;
     std::atomic<bool> stop_requested{false};
 
     pls_stats stats{};
@@ -112,25 +124,23 @@ struct pls_session {
         if (spec) {
             common_speculative_free(spec);
         }
-        smpl.reset();
+        streams.clear();
         batch = common_batch();  // before the context it was sized for
         ctx_dft.reset();
         ctx_tgt.reset();
     }
 };
 
-namespace {
-
-const llama_seq_id SEQ = 0;
-
-}  // namespace
-
-int32_t pls::effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size) {
-    if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK)) {
+int32_t pls::effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size,
+                             bool sample_from_anchor) {
+    if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) && sample_from_anchor) {
         return std::min(n_max, block_size);      // DSpark may predict the anchor slot too
     }
     if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH)) {
         return std::min(n_max, block_size - 1);  // the block is [anchor, mask x (block - 1)]
+    }
+    if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK)) {
+        return std::min(n_max, block_size - 1);  // bonus-anchor DSpark: [anchor, N predictions]
     }
     return n_max;
 }
@@ -261,8 +271,8 @@ void validate(pls_session & s) {
     const auto & types = s.params.speculative.types;
     auto fail = [](const std::string & m) { throw std::invalid_argument(m); };
 
-    if (p.n_parallel != 1) {
-        fail("n_parallel=" + std::to_string(p.n_parallel) + ": a session drives one sequence; open one session per stream");
+    if (p.n_parallel < 1 || p.n_parallel > PLS_MAX_STREAMS) {
+        fail("n_parallel=" + std::to_string(p.n_parallel) + " must be within 1.." + std::to_string(PLS_MAX_STREAMS));
     }
     if (p.n_ctx < 8) {
         fail("n_ctx=" + std::to_string(p.n_ctx) + " is too small");
@@ -349,10 +359,29 @@ void resolve_n_max(pls_session & s) {
         char buf[32];
         const int32_t n = llama_model_meta_val_str(s.drafter->model, "dflash.block_size", buf, sizeof(buf));
         s.block_size = n > 0 ? atoi(buf) : 16;  // upstream's default
+        // a DSpark drafter predicts the anchor slot too, unless exported with the 1 + N bonus-anchor block
+        const bool from_anchor = llama_model_meta_val_str(s.drafter->model, "dflash.sample_from_anchor", buf, sizeof(buf)) < 0 ||
+                                 strcmp(buf, "true") == 0;
+        s.sample_from_anchor = from_anchor;
     }
-    s.n_max_effective = pls::effective_n_max(types, s.sp.n_max, s.block_size);
+    s.n_max_effective = pls::effective_n_max(types, s.sp.n_max, s.block_size, s.sample_from_anchor);
     s.params.speculative.draft.n_max = s.n_max_effective;
     s.params.speculative.draft.n_min = std::min(s.params.speculative.draft.n_min, s.n_max_effective);
+
+    if (has_type(types, COMMON_SPECULATIVE_TYPE_NONE)) {
+        return;
+    }
+    // one verify batch carries every stream's [id_last, draft...]
+    const int32_t n_verify = s.sp.n_parallel * (s.n_max_effective + 1);
+    if (s.sp.n_batch < n_verify) {
+        throw std::invalid_argument("n_batch=" + std::to_string(s.sp.n_batch) + " must be at least n_parallel x (n_max + 1) = " +
+                                    std::to_string(n_verify) + " (one verify batch holds every stream's draft)");
+    }
+    // a non-causal block drafter decodes every stream's block in one micro-batch
+    if (s.block_size > 0 && s.sp.n_ubatch < n_verify) {
+        throw std::invalid_argument("n_ubatch=" + std::to_string(s.sp.n_ubatch) + " must be at least n_parallel x (n_max + 1) = " +
+                                    std::to_string(n_verify) + " (the block drafter decodes all streams' blocks at once)");
+    }
 }
 
 void check_placement(pls_session & s) {
@@ -443,12 +472,12 @@ void create_contexts(pls_session & s) {
     }
     if (s.n_rs_seq > 0) {
         // one plane per snapshot, per sequence: the partial (recurrent) state of one sequence is one plane
-        s.ring_bytes = (uint64_t) llama_state_seq_get_size_ext(s.ctx_tgt.get(), SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) *
+        s.ring_bytes = (uint64_t) llama_state_seq_get_size_ext(s.ctx_tgt.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) *
                        (uint64_t) s.n_rs_seq * (uint64_t) std::max(1, s.sp.n_parallel);
     }
 }
 
-void reset_generation(pls_session & s) {
+void reset_generation(pls_session & s, int32_t n_streams) {
     llama_memory_clear(llama_get_memory(s.ctx_tgt.get()), true);
     if (s.ctx_dft) {
         llama_memory_clear(llama_get_memory(s.ctx_dft.get()), true);
@@ -458,20 +487,24 @@ void reset_generation(pls_session & s) {
         s.spec = nullptr;
     }
     if (!has_type(s.params.speculative.types, COMMON_SPECULATIVE_TYPE_NONE)) {
-        s.spec = common_speculative_init(s.params.speculative, 1);
+        // one drafting state per sequence the contexts hold, whether or not this generation uses them all
+        s.spec = common_speculative_init(s.params.speculative, s.sp.n_parallel);
         if (s.spec == nullptr) {
             throw std::runtime_error("failed to initialize speculative decoding for " +
                                      common_speculative_type_name_str(s.params.speculative.types));
         }
     }
-    s.smpl.reset(common_sampler_init(s.target->model, s.params.sampling));
-    s.prompt_tgt.clear();
-    s.draft.clear();
-    s.ckpt.clear();
-    s.ckpt_valid = false;
-    s.n_past = 0;
-    s.n_emitted = 0;
-    s.finish = PLS_FINISH_NONE;
+    s.streams.clear();
+    s.streams.resize(n_streams);
+    for (int32_t i = 0; i < n_streams; ++i) {
+        stream_state & st = s.streams[i];
+        st.seq = i;
+        common_params_sampling sampling = s.params.sampling;
+        if (i > 0 && sampling.seed != LLAMA_DEFAULT_SEED) {
+            sampling.seed += (uint32_t) i;  // streams of one seeded run sample differently, reproducibly
+        }
+        st.smpl.reset(common_sampler_init(s.target->model, sampling));
+    }
     s.stop_requested.store(false);
     s.active = false;
 }
@@ -485,236 +518,357 @@ void decode_or_throw(llama_context * ctx, common_batch & batch, const char * wha
     }
 }
 
-void begin(pls_session & s, const int32_t * prompt, int32_t n_prompt, int32_t n_predict) {
-    if (n_prompt < 1) {
-        throw std::invalid_argument("the prompt is empty");
+void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams, int32_t n_predict) {
+    if (n_streams < 1 || n_streams > s.sp.n_parallel) {
+        throw std::invalid_argument(std::to_string(n_streams) + " prompts for a session of n_parallel=" +
+                                    std::to_string(s.sp.n_parallel) + " streams");
     }
-    const int32_t n_ctx = (int32_t) llama_n_ctx(s.ctx_tgt.get());
-    if (n_prompt + 1 > n_ctx) {
-        throw std::length_error("the prompt has " + std::to_string(n_prompt) + " tokens, but the context holds " +
-                                std::to_string(n_ctx) + " (n_ctx); raise n_ctx or shorten the prompt");
-    }
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s.target->model));
-    for (int32_t i = 0; i < n_prompt; ++i) {
-        if (prompt[i] < 0 || prompt[i] >= n_vocab) {
-            throw std::invalid_argument("prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
-                                        " is outside the vocab (" + std::to_string(n_vocab) + ")");
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(s.ctx_tgt.get());
+    const int32_t n_vocab = s.n_vocab;
+    int64_t off = 0;
+    for (int32_t k = 0; k < n_streams; ++k) {
+        const std::string who = n_streams > 1 ? "prompt " + std::to_string(k) + ": " : std::string();
+        if (n_prompt[k] < 1) {
+            throw std::invalid_argument(who + "the prompt is empty");
         }
+        if (n_prompt[k] + 1 > n_ctx_seq) {
+            throw std::length_error(who + "the prompt has " + std::to_string(n_prompt[k]) + " tokens, but the context holds " +
+                                    std::to_string(n_ctx_seq) + (s.sp.n_parallel > 1 ? " per stream (n_ctx / n_parallel)" : " (n_ctx)") +
+                                    "; raise n_ctx or shorten the prompt");
+        }
+        for (int32_t i = 0; i < n_prompt[k]; ++i) {
+            const int32_t t = prompts[off + i];
+            if (t < 0 || t >= n_vocab) {
+                throw std::invalid_argument(who + "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
+                                            " is outside the vocab (" + std::to_string(n_vocab) + ")");
+            }
+        }
+        off += n_prompt[k];
     }
-    reset_generation(s);
+    reset_generation(s, n_streams);
     s.n_predict = n_predict;
-    s.stats.n_prompt += n_prompt;
 
-    llama_tokens inp(prompt, prompt + n_prompt);
+    // prefill every stream's prompt but its last token, packed into as few target batches as fit
     {
         scoped_timer t(s.stats.t_prefill_ms);
         const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
         common_batch & batch = s.batch;
-        for (int32_t i0 = 0; i0 < n_prompt - 1; i0 += n_batch) {
-            batch.clear();
-            const int32_t i1 = std::min(n_prompt - 1, i0 + n_batch);
-            for (int32_t i = i0; i < i1; ++i) {
-                batch.add(inp[i], i, SEQ, false);
+        batch.clear();
+        auto flush = [&]() {
+            if (batch.size() == 0) {
+                return;
             }
             decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
             if (s.spec && !common_speculative_process(s.spec, batch)) {
                 throw std::runtime_error("the drafter failed to process the prompt");
             }
+            batch.clear();
+        };
+        off = 0;
+        for (int32_t k = 0; k < n_streams; ++k) {
+            stream_state & st = s.streams[k];
+            const int32_t * p = prompts + off;
+            off += n_prompt[k];
+            for (int32_t i = 0; i < n_prompt[k] - 1; ++i) {
+                if ((int32_t) batch.size() >= n_batch) {
+                    flush();
+                }
+                batch.add(p[i], i, st.seq, false);
+            }
+            st.prompt_tgt.reserve(n_ctx_seq);
+            st.prompt_tgt.assign(p, p + n_prompt[k] - 1);
+            st.id_last = p[n_prompt[k] - 1];
+            st.n_past = n_prompt[k] - 1;
+            st.stats.n_prompt = n_prompt[k];
+            s.stats.n_prompt += n_prompt[k];
         }
+        flush();
     }
-    s.id_last = inp.back();
-    s.prompt_tgt.assign(inp.begin(), inp.end() - 1);
-    s.prompt_tgt.reserve(n_ctx);
-    s.n_past = n_prompt - 1;
-    if (s.spec) {
-        common_speculative_begin(s.spec, SEQ, s.prompt_tgt);
+    for (auto & st : s.streams) {
+        if (s.spec) {
+            common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
+        }
+        st.active = true;
     }
     s.active = true;
 }
 
-// One verify step. Appends the committed tokens (and margins) and returns how many; sets s.finish at the end.
-int32_t step(pls_session & s, std::vector<int32_t> & out_tokens, std::vector<float> & out_margins) {
-    out_tokens.clear();
-    out_margins.clear();
-    if (!s.active) {
-        return 0;
-    }
+void finish_stream(stream_state & st, int32_t why) {
+    st.finish = why;
+    st.active = false;
+}
+
+// Draft for every active stream that is not replaying: one common_speculative_draft call serves them all.
+void draft_all(pls_session & s, int32_t n_ctx_seq) {
     llama_context * ctx_tgt = s.ctx_tgt.get();
     llama_context * ctx_dft = s.ctx_dft.get();
     llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
-    const int32_t n_ctx = (int32_t) llama_n_ctx(ctx_tgt);
-    const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
-    const int64_t t_step0 = now_us();
+    scoped_timer t(s.stats.t_draft_ms);
 
-    if (s.stop_requested.load()) {
-        s.finish = PLS_FINISH_STOPPED;
-        s.active = false;
-        return 0;
+    std::vector<int32_t> n_draft_max(s.streams.size(), 0);
+    bool any = false;
+    for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
+        common_speculative_get_draft_params(s.spec, q).drafting = false;
     }
-    if (s.n_past + 1 >= n_ctx) {
-        s.finish = PLS_FINISH_CONTEXT;
-        s.active = false;
-        return 0;
-    }
-
-    const bool replay = !s.draft.empty();  // accepted tokens restored from a checkpoint, re-decoded as a draft
-    if (!replay && s.spec) {
-        scoped_timer t(s.stats.t_draft_ms);
-        s.ckpt.update_pos(s.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, SEQ), llama_memory_seq_pos_max(mem_tgt, SEQ));
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay) {
+            continue;
+        }
+        st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq), llama_memory_seq_pos_max(mem_tgt, st.seq));
         if (s.use_ckpt_dft) {
-            s.ckpt.update_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
         }
         // n_max caps every type, n-gram ones included (their own lengths, e.g. size_m, are upper bounds too)
-        int32_t n_draft_max = std::min(s.n_max_effective, n_ctx - s.n_past - 2);
+        int32_t n = std::min(s.n_max_effective, n_ctx_seq - st.n_past - 2);
         if (s.n_predict >= 0) {
-            n_draft_max = std::min<int32_t>(n_draft_max, s.n_predict - (int32_t) s.n_emitted - 1);
+            n = std::min<int32_t>(n, s.n_predict - (int32_t) st.n_emitted - 1);
         }
-        n_draft_max = std::max(n_draft_max, 0);
-        common_speculative_get_draft_params(s.spec, SEQ) = {
+        n = std::max(n, 0);
+        n_draft_max[st.seq] = n;
+        st.draft.clear();
+        common_speculative_get_draft_params(s.spec, st.seq) = {
             /* .drafting = */ true,
-            /* .n_max    = */ n_draft_max,
-            /* .pos0     = */ s.n_past,
-            /* .id_last  = */ s.id_last,
-            /* .prompt   = */ &s.prompt_tgt,
-            /* .result   = */ &s.draft,
+            /* .n_max    = */ n,
+            /* .pos0     = */ st.n_past,
+            /* .id_last  = */ st.id_last,
+            /* .prompt   = */ &st.prompt_tgt,
+            /* .result   = */ &st.draft,
         };
-        common_speculative_draft(s.spec);
-        if ((int32_t) s.draft.size() > n_draft_max) {
-            s.draft.resize(n_draft_max);
+        any = true;
+    }
+    if (!any) {
+        return;
+    }
+    common_speculative_draft(s.spec);
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay) {
+            continue;
         }
-        s.ckpt_valid = false;
-        if (!s.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) s.draft.size() > s.n_rs_seq))) {
+        if ((int32_t) st.draft.size() > n_draft_max[st.seq]) {
+            st.draft.resize(n_draft_max[st.seq]);
+        }
+        st.ckpt_valid = false;
+        if (!st.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) st.draft.size() > s.n_rs_seq))) {
             scoped_timer tr(s.stats.t_rollback_ms);
-            s.ckpt.update_tgt(ctx_tgt, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            s.ckpt_valid = true;
+            st.ckpt.update_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            st.ckpt_valid = true;
         }
         if (ctx_dft) {
             // drop what the drafter wrote while drafting (e.g. the DFlash noise block) before the verify is injected
             if (s.use_ckpt_dft) {
-                s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+                st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
             }
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
         }
     }
-    const size_t n_draft = s.draft.size();
+}
 
-    // verify [id_last, draft...]
-    common_batch & batch = s.batch;
-    {
-        scoped_timer t(s.stats.t_verify_ms);
-        batch.clear();
-        batch.add(s.id_last, s.n_past, SEQ, true);
-        for (size_t i = 0; i < n_draft; ++i) {
-            batch.add(s.draft[i], s.n_past + 1 + (int32_t) i, SEQ, true);
-        }
-        decode_or_throw(ctx_tgt, batch, "verification");
-        if (s.spec && !common_speculative_process(s.spec, batch)) {
-            throw std::runtime_error("the drafter failed to process the verified batch");
-        }
-    }
-    s.n_past += 1;
+// After the shared verify: accept, commit and roll back one stream. Appends its committed tokens (and margins).
+void settle(pls_session & s, stream_state & st, common_sampler_ptr & smpl_save, std::vector<int32_t> & out_tokens,
+            std::vector<float> & out_margins) {
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+    const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
+    const size_t n_draft = st.draft.size();
+    const bool replay = st.replay;
 
-    common_sampler_ptr smpl_save;
-    if (s.ckpt_valid) {
-        smpl_save.reset(common_sampler_clone(s.smpl.get()));
-    }
+    st.n_past += 1;
     llama_tokens ids;
     {
         scoped_timer t(s.stats.t_sample_ms);
-        if (s.sp.force_reject && !replay) {
-            // zero-acceptance cost model: the target's own token at the first position, every draft token refused
-            ids = common_sampler_sample_and_accept_n(s.smpl.get(), ctx_tgt, llama_tokens());
-        } else {
-            ids = common_sampler_sample_and_accept_n(s.smpl.get(), ctx_tgt, s.draft);
+        std::vector<int> idxs(n_draft + 1);
+        for (size_t i = 0; i <= n_draft; ++i) {
+            idxs[i] = st.i_batch + (int) i;
         }
+        // force_reject: the zero-acceptance cost model - the target's own token at the first position only
+        const bool refuse = s.sp.force_reject && !replay;
+        ids = common_sampler_sample_and_accept_n(st.smpl.get(), ctx_tgt, refuse ? std::vector<int>{ idxs[0] } : idxs,
+                                                 refuse ? llama_tokens() : st.draft);
     }
     const size_t n_accepted = ids.size() - 1;
 
-    if (s.ckpt_valid && n_accepted < n_draft) {
+    if (st.ckpt_valid && n_accepted < n_draft) {
         // restore the state before this verify and replay the accepted tokens as the next "draft"; the
         // checkpoint stays valid, so a replay that disagrees at a near-tie is restored and replayed again
         scoped_timer t(s.stats.t_rollback_ms);
-        s.stats.n_rollback_checkpoint++;
-        s.stats.n_replayed += ids.size();
-        if (!replay) {
-            count_step(s.stats, n_draft, n_accepted);
+        for (pls_stats * c : { &s.stats, &st.stats }) {
+            c->n_rollback_checkpoint++;
+            c->n_replayed += ids.size();
+            if (!replay) {
+                count_step(*c, n_draft, n_accepted);
+            }
         }
         // the drafters hear about acceptance after the replay, whose verify batch they will have processed
-        s.draft = std::move(ids);
-        s.ckpt.load_tgt(ctx_tgt, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-        llama_memory_seq_rm(mem_tgt, SEQ, s.ckpt.pos_max + 1, -1);
+        st.draft = std::move(ids);
+        st.replay = true;
+        st.ckpt.load_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(mem_tgt, st.seq, st.ckpt.pos_max + 1, -1);
         if (ctx_dft) {
-            s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
         }
-        s.prompt_tgt.resize(s.ckpt.n_tokens);
-        s.smpl = std::move(smpl_save);
-        s.n_past = (int32_t) s.prompt_tgt.size();
-        s.stats.t_decode_ms += (now_us() - t_step0) / 1000.0;
-        return 0;  // nothing committed yet: the next step replays and commits
+        st.prompt_tgt.resize(st.ckpt.n_tokens);
+        st.smpl = std::move(smpl_save);
+        st.n_past = (int32_t) st.prompt_tgt.size();
+        return;  // nothing committed yet: the next step replays and commits
     }
 
     if (!replay) {
         count_step(s.stats, n_draft, n_accepted);
-        if (s.spec) {
-            common_speculative_accept(s.spec, SEQ, (uint16_t) n_accepted);
-        }
-    } else if (s.spec) {
-        // the replay commits exactly what the checkpointed step accepted; drafters still need to hear it
-        common_speculative_accept(s.spec, SEQ, (uint16_t) n_accepted);
+        count_step(st.stats, n_draft, n_accepted);
+    }
+    if (s.spec) {
+        // a replay commits exactly what the checkpointed step accepted; drafters still need to hear it
+        common_speculative_accept(s.spec, st.seq, (uint16_t) n_accepted);
     }
 
-    s.n_past += (int32_t) n_accepted;
+    st.n_past += (int32_t) n_accepted;
     for (size_t i = 0; i < ids.size(); ++i) {
-        s.prompt_tgt.push_back(s.id_last);
-        s.id_last = ids[i];
-        if (llama_vocab_is_eog(vocab, s.id_last)) {
-            s.finish = PLS_FINISH_EOG;
+        st.prompt_tgt.push_back(st.id_last);
+        st.id_last = ids[i];
+        if (llama_vocab_is_eog(vocab, st.id_last)) {
+            st.finish = PLS_FINISH_EOG;
             break;
         }
-        if (s.n_predict >= 0 && s.n_emitted >= s.n_predict) {
-            s.finish = PLS_FINISH_LENGTH;
+        if (s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+            st.finish = PLS_FINISH_LENGTH;
             break;
         }
-        out_tokens.push_back(s.id_last);
+        out_tokens.push_back(st.id_last);
         if (s.sp.collect_margins) {
-            out_margins.push_back(top2_margin(llama_get_logits_ith(ctx_tgt, (int32_t) i), s.n_vocab));
+            out_margins.push_back(top2_margin(llama_get_logits_ith(ctx_tgt, st.i_batch + (int32_t) i), s.n_vocab));
         }
-        s.n_emitted++;
+        st.n_emitted++;
     }
-    s.draft.clear();
+    st.replay = false;
 
     if (n_accepted < n_draft && !replay) {
-        (s.n_rs_seq > 0 ? s.stats.n_rollback_ring : s.stats.n_rollback_kv)++;
+        for (pls_stats * c : { &s.stats, &st.stats }) {
+            (s.n_rs_seq > 0 ? c->n_rollback_ring : c->n_rollback_kv)++;
+        }
     }
     {
         scoped_timer t(s.stats.t_rollback_ms);
-        if (!llama_memory_seq_rm(mem_tgt, SEQ, s.n_past, -1)) {
-            throw std::runtime_error("rollback of the target to position " + std::to_string(s.n_past) + " was refused");
+        if (!llama_memory_seq_rm(mem_tgt, st.seq, st.n_past, -1)) {
+            throw std::runtime_error("rollback of the target to position " + std::to_string(st.n_past) + " was refused");
         }
         if (ctx_dft && s.use_ckpt_dft && n_accepted < n_draft && !replay) {
             // a drafter that cannot drop tokens (a hybrid draft model) saw the whole verify batch: restore its
             // state from before the draft and feed it only what the target kept
-            s.ckpt.load_dft(ctx_dft, SEQ, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.ckpt.pos_max + 1, -1);
+            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
             common_batch kept(ctx_dft);
             for (size_t i = 0; i <= n_accepted; ++i) {
-                kept.add(batch.tokens[i].id, s.ckpt.pos_max + 1 + (int32_t) i, SEQ, false);
+                kept.add(s.batch.tokens[st.i_batch + i].id, st.ckpt.pos_max + 1 + (int32_t) i, st.seq, false);
             }
             decode_or_throw(ctx_dft, kept, "drafter catch-up");
         } else if (ctx_dft) {
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), SEQ, s.n_past, -1);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.n_past, -1);
         }
     }
-    s.stats.n_generated += (int64_t) out_tokens.size();
-    if (s.finish == PLS_FINISH_NONE && s.n_predict >= 0 && s.n_emitted >= s.n_predict) {
-        s.finish = PLS_FINISH_LENGTH;
+    st.draft.clear();
+    st.stats.n_generated += (int64_t) (out_tokens.size());
+    s.stats.n_generated += (int64_t) (out_tokens.size());
+    if (st.finish == PLS_FINISH_NONE && s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+        st.finish = PLS_FINISH_LENGTH;
     }
-    if (s.finish != PLS_FINISH_NONE) {
-        s.active = false;
+    if (st.finish != PLS_FINISH_NONE) {
+        st.active = false;
     }
+}
+
+// One verify step for every active stream: draft, one target batch, then accept/rollback per stream.
+// out[i] receives stream i's committed tokens (and margins). Returns the number of streams still active.
+int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
+    out_tokens.assign(s.streams.size(), {});
+    out_margins.assign(s.streams.size(), {});
+    if (!s.active) {
+        return 0;
+    }
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(ctx_tgt);
+    const int64_t t_step0 = now_us();
+
+    const bool stop = s.stop_requested.load();
+    for (auto & st : s.streams) {
+        if (st.active && stop) {
+            finish_stream(st, PLS_FINISH_STOPPED);
+        } else if (st.active && st.n_past + 1 >= n_ctx_seq) {
+            finish_stream(st, PLS_FINISH_CONTEXT);
+        }
+    }
+
+    if (s.spec) {
+        draft_all(s, n_ctx_seq);
+    }
+
+    // verify every active stream's [id_last, draft...] in one target batch
+    common_batch & batch = s.batch;
+    int32_t n_active = 0;
+    {
+        scoped_timer t(s.stats.t_verify_ms);
+        batch.clear();
+        for (auto & st : s.streams) {
+            if (!st.active) {
+                continue;
+            }
+            n_active++;
+            st.i_batch = (int32_t) batch.size();
+            batch.add(st.id_last, st.n_past, st.seq, true);
+            for (size_t i = 0; i < st.draft.size(); ++i) {
+                batch.add(st.draft[i], st.n_past + 1 + (int32_t) i, st.seq, true);
+            }
+        }
+        if (n_active > 0) {
+            decode_or_throw(ctx_tgt, batch, "verification");
+            if (s.spec && !common_speculative_process(s.spec, batch)) {
+                throw std::runtime_error("the drafter failed to process the verified batch");
+            }
+        }
+    }
+
+    int32_t n_left = 0;
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        stream_state & st = s.streams[k];
+        if (st.active) {
+            common_sampler_ptr smpl_save;
+            if (st.ckpt_valid) {
+                smpl_save.reset(common_sampler_clone(st.smpl.get()));
+            }
+            settle(s, st, smpl_save, out_tokens[k], out_margins[k]);
+        }
+        n_left += st.active;
+    }
+    s.active = n_left > 0;
     s.stats.t_decode_ms += (now_us() - t_step0) / 1000.0;
-    return (int32_t) out_tokens.size();
+    return n_left;
+}
+
+int32_t begin_status(pls_session * s, char * err, size_t err_size, const std::function<void()> & fn) {
+    try {
+        fn();
+        return 0;
+    } catch (const std::length_error & e) {
+        pls::set_err(err, err_size, std::string("context: ") + e.what());
+        return -2;
+    } catch (const std::invalid_argument & e) {
+        pls::set_err(err, err_size, e.what());
+        return -3;
+    } catch (const std::exception & e) {
+        s->active = false;
+        pls::set_err(err, err_size, e.what());
+        return -1;
+    }
+}
+
+void fail_generation(pls_session * s) {
+    s->active = false;
+    for (auto & st : s->streams) {
+        if (st.active) {
+            finish_stream(st, PLS_FINISH_ERROR);
+        }
+    }
 }
 
 }  // namespace
@@ -738,7 +892,7 @@ extern "C" pls_session * pls_session_open(pls_model * target, pls_model * drafte
         check_placement(*s);
         create_contexts(*s);
         s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(target->model));
-        reset_generation(*s);  // also proves the speculative engine accepts this configuration
+        reset_generation(*s, 1);  // also proves the speculative engine accepts this configuration
     } catch (const std::exception & e) {
         pls::set_err(err, err_size, e.what());
         return nullptr;
@@ -786,20 +940,16 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
 
 extern "C" int32_t pls_begin(pls_session * s, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
                              char * err, size_t err_size) {
-    try {
-        begin(*s, prompt, n_prompt, n_predict);
-        return 0;
-    } catch (const std::length_error & e) {
-        pls::set_err(err, err_size, std::string("context: ") + e.what());
-        return -2;
-    } catch (const std::invalid_argument & e) {
-        pls::set_err(err, err_size, e.what());
+    return begin_status(s, err, err_size, [&] { begin(*s, prompt, &n_prompt, 1, n_predict); });
+}
+
+extern "C" int32_t pls_begin_streams(pls_session * s, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams,
+                                     int32_t n_predict, char * err, size_t err_size) {
+    if (prompts == nullptr || n_prompt == nullptr) {
+        pls::set_err(err, err_size, "no prompts given");
         return -3;
-    } catch (const std::exception & e) {
-        s->active = false;
-        pls::set_err(err, err_size, e.what());
-        return -1;
     }
+    return begin_status(s, err, err_size, [&] { begin(*s, prompts, n_prompt, n_streams, n_predict); });
 }
 
 extern "C" int32_t pls_step(pls_session * s, int32_t * tokens, float * margins, int32_t capacity, int32_t * finish,
@@ -808,24 +958,56 @@ extern "C" int32_t pls_step(pls_session * s, int32_t * tokens, float * margins, 
         pls::set_err(err, err_size, "step buffer must hold at least PLS_MAX_DRAFT + 1 tokens");
         return -1;
     }
-    std::vector<int32_t> toks;
-    std::vector<float> mrg;
+    if (s->streams.size() != 1) {
+        pls::set_err(err, err_size, "pls_step drives a single stream; use pls_step_streams after pls_begin_streams");
+        return -1;
+    }
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<std::vector<float>> mrg;
     try {
-        int32_t n = 0;
         // a checkpoint restore commits nothing; keep stepping until tokens arrive or generation ends
-        while (n == 0 && s->active) {
-            n = step(*s, toks, mrg);
+        do {
+            step(*s, toks, mrg);
+        } while (toks[0].empty() && s->active);
+        std::copy(toks[0].begin(), toks[0].end(), tokens);
+        if (margins != nullptr && !mrg[0].empty()) {
+            std::copy(mrg[0].begin(), mrg[0].end(), margins);
         }
-        std::copy(toks.begin(), toks.end(), tokens);
-        if (margins != nullptr && !mrg.empty()) {
-            std::copy(mrg.begin(), mrg.end(), margins);
-        }
-        *finish = s->finish;
-        return n;
+        *finish = s->streams[0].finish;
+        return (int32_t) toks[0].size();
     } catch (const std::exception & e) {
-        s->active = false;
-        s->finish = PLS_FINISH_ERROR;
+        fail_generation(s);
         *finish = PLS_FINISH_ERROR;
+        pls::set_err(err, err_size, e.what());
+        return -1;
+    }
+}
+
+extern "C" int32_t pls_step_streams(pls_session * s, int32_t * tokens, float * margins, int32_t capacity,
+                                    int32_t * n_tokens, int32_t * finish, char * err, size_t err_size) {
+    if (capacity < PLS_MAX_DRAFT + 1) {
+        pls::set_err(err, err_size, "step buffer rows must hold at least PLS_MAX_DRAFT + 1 tokens");
+        return -1;
+    }
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<std::vector<float>> mrg;
+    try {
+        const int32_t n_left = step(*s, toks, mrg);
+        for (size_t k = 0; k < s->streams.size(); ++k) {
+            std::copy(toks[k].begin(), toks[k].end(), tokens + k * capacity);
+            if (margins != nullptr) {
+                std::copy(mrg[k].begin(), mrg[k].end(), margins + k * capacity);
+            }
+            n_tokens[k] = (int32_t) toks[k].size();
+            finish[k] = s->streams[k].finish;
+        }
+        return n_left;
+    } catch (const std::exception & e) {
+        fail_generation(s);
+        for (size_t k = 0; k < s->streams.size(); ++k) {
+            n_tokens[k] = 0;
+            finish[k] = s->streams[k].finish;
+        }
         pls::set_err(err, err_size, e.what());
         return -1;
     }
@@ -837,24 +1019,80 @@ extern "C" int32_t pls_generate(pls_session * s, const int32_t * prompt, int32_t
     if (rc != 0) {
         return rc;
     }
-    std::vector<int32_t> toks;
-    std::vector<float> mrg;
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<std::vector<float>> mrg;
+    stream_state & st = s->streams[0];
     try {
         while (s->active) {
-            const int32_t n = step(*s, toks, mrg);
+            step(*s, toks, mrg);
+            const int32_t n = (int32_t) toks[0].size();
             if (n > 0 && callback != nullptr &&
-                callback(user_data, toks.data(), s->sp.collect_margins ? mrg.data() : nullptr, n) != 0) {
-                s->finish = PLS_FINISH_STOPPED;
+                callback(user_data, toks[0].data(), s->sp.collect_margins ? mrg[0].data() : nullptr, n) != 0 && st.active) {
+                finish_stream(st, PLS_FINISH_STOPPED);
                 s->active = false;
             }
         }
-        return s->finish;
+        return st.finish;
     } catch (const std::exception & e) {
-        s->active = false;
-        s->finish = PLS_FINISH_ERROR;
+        fail_generation(s);
         pls::set_err(err, err_size, e.what());
         return -1;
     }
+}
+
+extern "C" int32_t pls_score_margins(pls_session * s, const int32_t * prompt, int32_t n_prompt, const int32_t * cont,
+                                     int32_t n_cont, int32_t chunk, float * margins, char * err, size_t err_size) {
+    return begin_status(s, err, err_size, [&] {
+        if (n_cont < 1 || cont == nullptr || margins == nullptr) {
+            throw std::invalid_argument("nothing to score: the continuation is empty");
+        }
+        // the context keeps logits for n_max + 1 tokens of a sequence per batch (a verify batch's worth)
+        const int32_t max_chunk = s->params.n_outputs_max_per_seq;
+        if (chunk < 1 || chunk > max_chunk) {
+            throw std::invalid_argument("chunk=" + std::to_string(chunk) + " must be within 1.." + std::to_string(max_chunk) +
+                                        " (n_max + 1: open the session with n_max >= chunk - 1)");
+        }
+        for (int32_t i = 0; i < n_cont; ++i) {
+            if (cont[i] < 0 || cont[i] >= s->n_vocab) {
+                throw std::invalid_argument("continuation token " + std::to_string(cont[i]) + " at position " +
+                                            std::to_string(i) + " is outside the vocab (" + std::to_string(s->n_vocab) + ")");
+            }
+        }
+        if (n_prompt + n_cont > (int32_t) llama_n_ctx_seq(s->ctx_tgt.get())) {
+            throw std::length_error("prompt and continuation hold " + std::to_string(n_prompt + n_cont) +
+                                    " tokens, but a stream's context holds " + std::to_string(llama_n_ctx_seq(s->ctx_tgt.get())));
+        }
+        // the prefill of a generation, then [last prompt token, continuation...] with every logit kept;
+        // scoring is not generation, so the session's counters are left as they were
+        const pls_stats saved = s->stats;
+        begin(*s, prompt, &n_prompt, 1, 0);
+        stream_state & st = s->streams[0];
+        llama_tokens seq(1, st.id_last);
+        seq.insert(seq.end(), cont, cont + n_cont - 1);
+        common_batch & batch = s->batch;
+        for (int32_t i0 = 0; i0 < n_cont; i0 += chunk) {
+            batch.clear();
+            const int32_t i1 = std::min(n_cont, i0 + chunk);
+            for (int32_t i = i0; i < i1; ++i) {
+                batch.add(seq[i], st.n_past + i, st.seq, true);
+            }
+            decode_or_throw(s->ctx_tgt.get(), batch, "scoring");
+            for (int32_t i = i0; i < i1; ++i) {
+                margins[i] = top2_margin(llama_get_logits_ith(s->ctx_tgt.get(), i - i0), s->n_vocab);
+            }
+        }
+        finish_stream(st, PLS_FINISH_LENGTH);
+        s->active = false;
+        s->stats = saved;
+    });
+}
+
+extern "C" int32_t pls_get_stream_stats(const pls_session * s, int32_t stream, pls_stats * out) {
+    if (s == nullptr || out == nullptr || stream < 0 || stream >= (int32_t) s->streams.size()) {
+        return -1;
+    }
+    *out = s->streams[stream].stats;
+    return 0;
 }
 
 extern "C" void pls_request_stop(pls_session * s) {

@@ -12,8 +12,10 @@ namespace pls {
 // llama.cpp's common parameters for a session (sampling, speculative settings, batch sizes, threads)
 common_params session_common_params(const pls_session_params & p);
 
-// the draft length after each type's own clamp (DFlash: block_size - 1); block_size 0 when no block drafter
-int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size);
+// the draft length after each type's own clamp (DFlash: block_size - 1, DSpark: block_size unless its block
+// is [anchor, N predictions]); block_size 0 when no block drafter
+int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size,
+                        bool sample_from_anchor = true);
 
 struct context_plan {
     llama_context_params target{};

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import PyllamaspecError
+from .errors import ConfigError, PyllamaspecError
 
 DEFAULT_PROMPT = "Write a Python function that parses an ISO-8601 date string and returns a datetime, with tests"
 
@@ -31,7 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("-np", "--parallel", type=int, default=None,
+                   help="streams decoded together (default: one per prompt); n_ctx is shared among them")
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("-td", "--threads-draft", type=int, default=0)
     p.add_argument("-ngl", "--gpu-layers", type=int, default=-1)
@@ -84,7 +85,7 @@ def open_session(args, margins: bool = False):
     cfg = SessionConfig(
         spec_types=types, n_max=args.spec_draft_n_max if args.spec_draft_n_max is not None else 8,
         n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min, n_ctx=args.ctx_size, n_batch=args.batch_size,
-        n_ubatch=args.ubatch_size, n_parallel=args.parallel, n_threads=args.threads,
+        n_ubatch=args.ubatch_size, n_parallel=args.parallel or 1, n_threads=args.threads,
         n_threads_batch=args.threads, n_threads_draft=args.threads_draft,
         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
         flash_attn={"on": True, "off": False, "auto": None}[args.flash_attn],
@@ -101,14 +102,19 @@ def open_session(args, margins: bool = False):
 
 
 def cmd_generate(args) -> int:
-    if args.file:
-        prompt = Path(args.file).read_text(encoding="utf-8")
-    else:
-        prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    prompts = list(args.prompt or []) + [Path(f).read_text(encoding="utf-8") for f in args.file or []]
+    prompts = prompts or [DEFAULT_PROMPT]
+    if args.parallel is None:
+        args.parallel = len(prompts)
+    elif args.parallel < len(prompts):
+        raise ConfigError(f"{len(prompts)} prompts need -np {len(prompts)} or more (got -np {args.parallel})")
     target, drafter, session = open_session(args, margins=args.json)
     with session:
         if not args.raw and target.chat_template:
-            prompt = target.apply_chat_template([{"role": "user", "content": prompt}])
+            prompts = [target.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        if len(prompts) > 1:
+            return _generate_streams(args, session, prompts)
+        prompt = prompts[0]
         if args.json:
             result = session.generate(prompt, n_predict=args.n_predict)
             out = result.to_dict()
@@ -119,12 +125,31 @@ def cmd_generate(args) -> int:
         for piece in session.stream(prompt, n_predict=args.n_predict):
             sys.stdout.write(piece)
             sys.stdout.flush()
-        st = session.stats()
         print()
-        types = ",".join(session.info.spec_types) or "none"
-        print(f"[{types} n_max={session.info.n_max_effective}] {st.n_generated} tokens, "
-              f"{st.tokens_per_second:.2f} tok/s, acceptance {st.acceptance:.2f}, "
-              f"AL {st.mean_accepted_length:.2f}, rollbacks {st.rollback_paths or ['none']}", file=sys.stderr)
+        _print_stats_line(session, session.stats())
+    return 0
+
+
+def _print_stats_line(session, st, label: str = "") -> None:
+    types = ",".join(session.info.spec_types) or "none"
+    print(f"[{label}{types} n_max={session.info.n_max_effective}] {st.n_generated} tokens, "
+          f"{st.tokens_per_second:.2f} tok/s, acceptance {st.acceptance:.2f}, "
+          f"AL {st.mean_accepted_length:.2f}, rollbacks {st.rollback_paths or ['none']}", file=sys.stderr)
+
+
+def _generate_streams(args, session, prompts: list[str]) -> int:
+    """Several prompts decoded together; each stream's text is printed whole, in prompt order."""
+    results = session.generate_batch(prompts, n_predict=args.n_predict)
+    total = session.stats()
+    if args.json:
+        print(json.dumps({"streams": [r.to_dict() for r in results], "stats": total.to_dict(),
+                          "session": {k: v for k, v in session.info.__dict__.items()}}))
+        return 0
+    for i, r in enumerate(results):
+        print(f"--- stream {i} ({r.finish_reason}) ---")
+        print(r.text)
+        _print_stats_line(session, r.stats, label=f"stream {i}: ")
+    _print_stats_line(session, total, label=f"{len(results)} streams: ")
     return 0
 
 
@@ -150,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text with speculative decoding")
     add_model_args(p)
-    p.add_argument("-p", "--prompt", default=None)
-    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    p.add_argument("-p", "--prompt", action="append", default=None,
+                   help="prompt; repeat to decode several prompts together (see -np)")
+    p.add_argument("-f", "--file", action="append", default=None, help="read a prompt from a file (repeatable)")
     p.add_argument("-n", "--n-predict", type=int, default=256)
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     p.add_argument("--json", action="store_true", help="one JSON object: text, tokens, margins, stats")

@@ -25,6 +25,7 @@ NGRAM_TYPES = frozenset({"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 MAX_DRAFT = 64  # PLS_MAX_DRAFT
+MAX_STREAMS = 64  # PLS_MAX_STREAMS
 
 
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -127,8 +128,7 @@ class SessionConfig:
             (self.n_ctx >= 8, f"n_ctx={self.n_ctx} is too small"),
             (self.n_ubatch >= 1, f"n_ubatch={self.n_ubatch} must be >= 1"),
             (self.n_batch >= self.n_ubatch, f"n_batch={self.n_batch} must be >= n_ubatch={self.n_ubatch}"),
-            (self.n_parallel == 1, f"n_parallel={self.n_parallel}: a session drives one stream; open one "
-                                   f"session per stream"),
+            (1 <= self.n_parallel <= MAX_STREAMS, f"n_parallel={self.n_parallel} must be within 1..{MAX_STREAMS}"),
             (self.n_threads >= 0 and self.n_threads_batch >= 0 and self.n_threads_draft >= 0,
              "thread counts must be >= 0"),
             (self.n_rs_seq is None or 0 <= self.n_rs_seq <= MAX_DRAFT, f"n_rs_seq={self.n_rs_seq} must be within 0..{MAX_DRAFT}"),

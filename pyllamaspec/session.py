@@ -2,7 +2,9 @@
 
 Everything per token happens in native code; Python hears once per verify step (1..n_max+1 tokens),
 with the GIL released in between. generate() runs the whole loop in one native call; stream() steps
-it from a Python iterator and yields UTF-8-safe text pieces.
+it from a Python iterator and yields UTF-8-safe text pieces. generate_batch() and stream_batch() run
+up to n_parallel prompts together: every step drafts for all of them and verifies their drafts in one
+target batch.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class SessionInfo:
     n_ctx: int
     n_batch: int
     n_ubatch: int
+    n_parallel: int
     target_layers: tuple[int, ...]
     target_head_device: str
     draft_device: str
@@ -217,7 +220,7 @@ class SpecSession:
             n_max_requested=o.n_max_requested, n_max_effective=o.n_max_effective, block_size=o.block_size,
             is_dflash2=bool(o.is_dflash2), n_rs_seq=o.n_rs_seq, ring_bytes=o.ring_bytes,
             rollback_target=ROLLBACK_KINDS[o.rollback_target], rollback_draft=ROLLBACK_KINDS[o.rollback_draft],
-            n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch,
+            n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, n_parallel=o.n_parallel,
             target_layers=tuple(o.target_layers[i] for i in range(o.n_target_layers)),
             target_head_device=ffi.string(o.target_head_device).decode(),
             draft_device=ffi.string(o.draft_device).decode())
@@ -245,6 +248,18 @@ class SpecSession:
         self._lib.pls_get_stats(self.handle, s)
         return Stats.from_native(s)
 
+    def stream_stats(self, index: int) -> Stats:
+        """Counters of one stream of the last generation. Streams share every step, so the timings (and with
+        them tokens_per_second) are the session's wall times: a stream's share of the joint throughput."""
+        s = self._ffi.new("pls_stats *")
+        if self._lib.pls_get_stream_stats(self.handle, index, s) != 0:
+            raise ConfigError(f"no stream {index} in the last generation")
+        shared = self._ffi.new("pls_stats *")
+        self._lib.pls_get_stats(self.handle, shared)
+        for name in ("t_prefill_ms", "t_draft_ms", "t_verify_ms", "t_rollback_ms", "t_sample_ms", "t_decode_ms"):
+            setattr(s, name, getattr(shared, name))
+        return Stats.from_native(s)
+
     def reset_stats(self) -> None:
         self._lib.pls_reset_stats(self.handle)
 
@@ -257,7 +272,8 @@ class SpecSession:
 
     def _claim(self) -> None:
         if self._busy:
-            raise GenerationError("this session is already generating; open another session for a second stream")
+            raise GenerationError("this session is already generating; run several prompts together with "
+                                  "generate_batch (n_parallel), or open another session")
         self._busy = True
 
     @staticmethod
@@ -359,3 +375,109 @@ class SpecSession:
                         pass
         finally:
             self._busy = False
+
+    def score_margins(self, prompt: str | Sequence[int], continuation: Sequence[int], chunk: int = 1) -> list[float]:
+        """The target's top-1 minus top-2 logit margin at each token of ``continuation`` after ``prompt``,
+        teacher-forced in batches of ``chunk`` tokens. chunk=1 is plain decoding's batch shape (it reproduces a
+        plain generation's margins); a verify batch has n_max + 1 tokens. The difference between the two is the
+        batch-shape noise of the target's logits: a divergence from plain output at a margin within it is a tie."""
+        tokens = self._prompt_tokens(prompt)
+        cont = list(continuation)
+        if not cont:
+            return []
+        ffi = self._ffi
+        out = ffi.new("float[]", len(cont))
+        err = _native.ErrorBuffer(ffi)
+        self._claim()
+        try:
+            rc = self._lib.pls_score_margins(self.handle, ffi.new("int32_t[]", tokens), len(tokens),
+                                             ffi.new("int32_t[]", cont), len(cont), chunk, out, err.buf, err.SIZE)
+        finally:
+            self._busy = False
+        self._raise_native(rc, err)
+        return list(out)
+
+    # -- several streams ---------------------------------------------------------------------
+
+    def stream_batch_tokens(self, prompts: Sequence[str | Sequence[int]], n_predict: int = 128, *,
+                            reset_stats: bool = True) -> Iterator[tuple[int, list[int], list[float], str | None]]:
+        """Step up to n_parallel prompts together. Yields (stream index, token ids, margins, finish reason)
+        for every stream that committed tokens or finished in a step; closing the iterator stops them all."""
+        if isinstance(prompts, str):
+            raise ConfigError("generate_batch/stream_batch take a list of prompts")
+        token_lists = [self._prompt_tokens(p) for p in prompts]
+        n = len(token_lists)
+        if not 1 <= n <= self.info.n_parallel:
+            raise ConfigError(f"{n} prompts for a session of n_parallel={self.info.n_parallel}; open the session "
+                              f"with n_parallel >= {max(n, 1)}")
+        if n_predict < 0:
+            raise ConfigError("n_predict must be >= 0")
+        if reset_stats:
+            self.reset_stats()
+        ffi = self._ffi
+        err = _native.ErrorBuffer(ffi)
+        cap = MAX_DRAFT + 1
+        flat = ffi.new("int32_t[]", [t for toks in token_lists for t in toks] or [0])
+        lengths = ffi.new("int32_t[]", [len(toks) for toks in token_lists])
+        self._claim()
+        try:
+            rc = self._lib.pls_begin_streams(self.handle, flat, lengths, n, n_predict, err.buf, err.SIZE)
+            self._raise_native(rc, err)
+            buf = ffi.new("int32_t[]", n * cap)
+            margins = ffi.new("float[]", n * cap) if self.config.margins else ffi.NULL
+            counts = ffi.new("int32_t[]", n)
+            finish = ffi.new("int32_t[]", n)
+            reported = [False] * n
+            left = n
+            try:
+                while left > 0:
+                    left = self._lib.pls_step_streams(self.handle, buf, margins, cap, counts, finish, err.buf, err.SIZE)
+                    if left < 0:
+                        raise GenerationError(err.text)
+                    for i in range(n):
+                        done = finish[i] != 0 and not reported[i]
+                        if counts[i] or done:
+                            reported[i] = reported[i] or done
+                            toks = list(buf[i * cap:i * cap + counts[i]])
+                            mrg = list(margins[i * cap:i * cap + counts[i]]) if margins != ffi.NULL else []
+                            yield i, toks, mrg, FINISH_REASONS[finish[i]] if done else None
+            finally:
+                if left > 0:  # closed early: end the native generation of every stream
+                    self._lib.pls_request_stop(self.handle)
+                    while self._lib.pls_step_streams(self.handle, buf, margins, cap, counts, finish,
+                                                      err.buf, err.SIZE) > 0:
+                        pass
+        finally:
+            self._busy = False
+
+    def stream_batch(self, prompts: Sequence[str | Sequence[int]], n_predict: int = 128, *,
+                     reset_stats: bool = True) -> Iterator[tuple[int, str]]:
+        """Yield (stream index, text piece) as each stream's tokens are verified; pieces never split a UTF-8
+        character. Closing the iterator stops every stream."""
+        decoders: dict[int, codecs.IncrementalDecoder] = {}
+        steps = self.stream_batch_tokens(prompts, n_predict, reset_stats=reset_stats)
+        try:
+            for i, toks, _margins, reason in steps:
+                dec = decoders.setdefault(i, codecs.getincrementaldecoder("utf-8")("replace"))
+                piece = dec.decode(b"".join(self.target.token_bytes(t) for t in toks), final=reason is not None)
+                if piece:
+                    yield i, piece
+        finally:
+            steps.close()
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], n_predict: int = 128, *,
+                       reset_stats: bool = True) -> list[GenerationResult]:
+        """Generate for several prompts together (at most n_parallel); one result per prompt, in order.
+        Each result's stats are its stream's counters; session.stats() holds the totals."""
+        tokens: dict[int, list[int]] = {}
+        margins: dict[int, list[float]] = {}
+        reasons: dict[int, str] = {}
+        for i, toks, mrg, reason in self.stream_batch_tokens(prompts, n_predict, reset_stats=reset_stats):
+            tokens.setdefault(i, []).extend(toks)
+            margins.setdefault(i, []).extend(mrg)
+            if reason is not None:
+                reasons[i] = reason
+        return [GenerationResult(text=self.target.detokenize(tokens.get(i, [])), tokens=tokens.get(i, []),
+                                 margins=margins.get(i, []), finish_reason=reasons.get(i, "error"),
+                                 stats=self.stream_stats(i))
+                for i in range(len(prompts))]

@@ -183,3 +183,49 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         finally:
             w.close()
     return path
+
+
+def write_dspark_drafter(path: str | os.PathLike, dflash_drafter: str | os.PathLike, *, rank: int = 8,
+                         sample_from_anchor: bool = True, confidence_head: bool = False, seed: int = 1,
+                         stddev: float = 0.1) -> Path:
+    """A DSpark drafter: a DFlash drafter GGUF with a random Markov head (markov_w1 [rank, n_vocab],
+    markov_w2 [rank, n_vocab]) and, optionally, a confidence head, as upstream's converter lays them out."""
+    import gguf
+    import numpy as np
+
+    src = gguf.GGUFReader(dflash_drafter)
+    arch = src.fields["general.architecture"].contents() if "general.architecture" in src.fields else None
+    if arch != "dflash":
+        raise ConfigError(f"{dflash_drafter}: arch {arch!r}, a DSpark drafter is built on a dflash GGUF")
+    n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    n_embd = int(src.fields["dflash.embedding_length"].contents())
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) = ggml {cols, rows}
+        return (rng.standard_normal((rows, cols)) * stddev).astype(np.float32)
+
+    extra = {"markov_w1.weight": weight(n_vocab, rank), "markov_w2.weight": weight(n_vocab, rank)}
+    if confidence_head:
+        extra["conf_proj.weight"] = weight(1, n_embd + rank)
+        extra["conf_proj.bias"] = np.zeros(1, dtype=np.float32)
+    path = Path(path)
+    with atomic_output(path, force=True, error=ModelLoadError) as tmp:
+        w = gguf.GGUFWriter(tmp, arch="dflash")
+        try:
+            for key, field in src.fields.items():
+                if key.startswith("GGUF.") or key == "general.architecture":
+                    continue
+                sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+                w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+            w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
+            w.add_bool("dflash.has_confidence_head", confidence_head)
+            for t in src.tensors:
+                w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            for name, data in extra.items():
+                w.add_tensor(name, data)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()
+    return path

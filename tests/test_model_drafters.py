@@ -119,3 +119,51 @@ def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert_stats_consistent(r.stats)
     assert r.stats.n_drafted > 0
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def dspark_setup(request, tmp_path_factory):
+    from pyllamaspec import synth
+    fixture, n_embd, ids = TARGETS[request.param]
+    target_path, _ = request.getfixturevalue(fixture)
+    base = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=1, block_size=8)
+    d = tmp_path_factory.mktemp("dspark")
+    anchor = synth.write_dspark_drafter(d / "dspark.gguf", base)
+    bonus = synth.write_dspark_drafter(d / "dspark-bonus.gguf", base, sample_from_anchor=False)
+    conf = synth.write_dspark_drafter(d / "dspark-conf.gguf", base, confidence_head=True)
+    with Model(target_path) as target, Model(anchor) as a, Model(bonus) as b, Model(conf) as c:
+        yield request.param, target, a, b, c, plain(target)
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 7, 15])
+def test_dspark_is_exact_and_predicts_the_anchor_slot(dspark_setup, n_max):
+    kind, target, dspark, _, _, ref = dspark_setup
+    from pyllamaspec.ggufmeta import read_summary
+    assert read_summary(dspark.path).role == "dspark" and dspark.info.dflash_block_size == 8
+    with SpecSession(target, dspark, SessionConfig(n_max=n_max, n_ctx=512)) as s:
+        assert s.info.spec_types == ("draft-dspark",)  # detected from the Markov head
+        assert s.info.n_max_effective == min(n_max, 8)  # the whole block predicts, the anchor slot included
+        if kind == "hybrid":
+            assert s.info.rollback_target == "ring" and s.info.n_rs_seq == min(n_max, 8)
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert r.stats.n_drafted > 0
+
+
+def test_dspark_bonus_anchor_block_drafts_one_less(dspark_setup):
+    _, target, _, bonus, _, ref = dspark_setup
+    with SpecSession(target, bonus, SessionConfig(n_max=15, n_ctx=512)) as s:
+        assert s.info.n_max_effective == 7  # [anchor, 7 predictions]
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+
+
+def test_dspark_p_min_needs_a_confidence_head(dspark_setup):
+    from pyllamaspec.errors import ConfigError
+    _, target, dspark, _, with_conf, ref = dspark_setup
+    with pytest.raises(ConfigError, match="no confidence head"):
+        SpecSession(target, dspark, SessionConfig(n_max=7, n_ctx=512, p_min=0.5))
+    with SpecSession(target, with_conf, SessionConfig(n_max=7, n_ctx=512, p_min=0.5)) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)

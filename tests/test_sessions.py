@@ -271,3 +271,24 @@ def test_mtp_without_heads_is_refused(dense):
 def test_unknown_spec_type():
     with pytest.raises(ConfigError, match="unknown speculative type"):
         SessionConfig(spec_types="draft-magic")
+
+
+def test_score_margins_reproduces_plain_margins_and_measures_batch_shape_noise(dense):
+    target, _, ref = dense
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=512, n_max=7)) as s:
+        single = s.score_margins(PROMPT, ref.tokens, chunk=1)
+        batched = s.score_margins(PROMPT, ref.tokens, chunk=8)
+        assert s.stats().n_generated == 0 and s.stats().n_prompt == 0  # scoring is not generation
+        with pytest.raises(ConfigError, match="chunk=0"):
+            s.score_margins(PROMPT, ref.tokens, chunk=0)
+        with pytest.raises(ConfigError, match=r"chunk=9 must be within 1..8 \(n_max \+ 1"):
+            s.score_margins(PROMPT, ref.tokens, chunk=9)
+        with pytest.raises(ContextOverflowError, match="context holds 512"):
+            s.score_margins(PROMPT, [1] * 600, chunk=8)
+        with pytest.raises(ConfigError, match="continuation token 99999"):
+            s.score_margins(PROMPT, [1, 99999], chunk=8)
+        # the session still generates exactly afterwards
+        assert s.generate(PROMPT, N_PREDICT).tokens == ref.tokens
+    assert single == ref.margins  # plain decoding's batch shapes: the same numbers
+    # close to plain (CPU ~1e-5, CUDA ~1e-3 on this model), aligned to the same positions
+    assert batched == pytest.approx(ref.margins, abs=0.01)

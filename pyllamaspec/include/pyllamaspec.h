@@ -118,7 +118,8 @@ enum {
 
 enum {
     PLS_MAX_SPEC_TYPES = 8,
-    PLS_MAX_DRAFT = 64
+    PLS_MAX_DRAFT = 64,
+    PLS_MAX_STREAMS = 64
 };
 
 typedef struct pls_session_params {
@@ -130,7 +131,7 @@ typedef struct pls_session_params {
     int32_t  n_ctx;
     int32_t  n_batch;
     int32_t  n_ubatch;
-    int32_t  n_parallel;
+    int32_t  n_parallel;            /* streams decoded together (sequences); n_ctx is shared among them */
     int32_t  n_threads;
     int32_t  n_threads_batch;
     int32_t  n_threads_draft;
@@ -231,6 +232,28 @@ int32_t pls_begin(pls_session * session, const int32_t * prompt, int32_t n_promp
                   char * err, size_t err_size);
 int32_t pls_step(pls_session * session, int32_t * tokens, float * margins, int32_t capacity, int32_t * finish,
                  char * err, size_t err_size);
+
+/* Several streams at once (up to n_parallel): their drafts are verified in one target batch per step.
+ * prompts holds the n_streams prompts back to back, n_prompt their lengths; each stream gets n_ctx/n_parallel
+ * positions. begin_streams returns like pls_begin. step_streams runs one verify step for every active stream and
+ * writes stream i's committed tokens (and margins, may be NULL) at row i of tokens[n_streams][capacity], their
+ * count to n_tokens[i] and its PLS_FINISH_* to finish[i]; a stream may commit nothing in a step (a checkpoint
+ * replay). Returns the number of streams still generating (0: all done), or -1 on error. */
+int32_t pls_begin_streams(pls_session * session, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams,
+                          int32_t n_predict, char * err, size_t err_size);
+int32_t pls_step_streams(pls_session * session, int32_t * tokens, float * margins, int32_t capacity,
+                         int32_t * n_tokens, int32_t * finish, char * err, size_t err_size);
+/* Counters of one stream of the last begin (timings stay in the session's stats: streams share each step).
+ * Returns 0, or -1 for a stream that does not exist. */
+int32_t pls_get_stream_stats(const pls_session * session, int32_t stream, pls_stats * out);
+
+/* Teacher-forced margins: the target's top-1 minus top-2 logit at every position of continuation, decoded after
+ * the prompt in batches of `chunk` tokens (chunk 1 is plain decoding's shape, n_max + 1 a verify batch's). Writes
+ * n_cont margins: margins[i] is the margin of the logits that predict continuation[i]. Comparing two chunk sizes
+ * measures how far the target's margins move with batch shape alone. Clears the session's generation.
+ * Returns 0, -2 if it does not fit the context, -3 for invalid input, -1 on error. */
+int32_t pls_score_margins(pls_session * session, const int32_t * prompt, int32_t n_prompt, const int32_t * continuation,
+                          int32_t n_cont, int32_t chunk, float * margins, char * err, size_t err_size);
 
 /* Thread-safe: ends the current generation after the step in flight. */
 void pls_request_stop(pls_session * session);
