@@ -1,6 +1,6 @@
 """Convert a DFlash / DFlash2 drafter checkpoint into a GGUF that llama.cpp loads as arch ``dflash``.
 
-``pyllamaspec convert DRAFTER_DIR --target TARGET.gguf -o OUT.gguf [--outtype bf16|f16|f32|q8_0]``
+``pyllamaspec convert DRAFTER_DIR --target TARGET -o OUT.gguf [--outtype bf16|f16|f32|q8_0]``
 
 The drafter directory is a Hugging Face checkpoint as z-lab publishes it: ``config.json`` with
 ``architectures`` ``["DFlashDraftModel"]`` or ``["DFlash2DraftModel"]`` and a ``dflash_config``
@@ -11,7 +11,9 @@ target's at run time.
 The metadata keys and tensor names are the ones upstream llama.cpp's own converter
 (``conversion/qwen.py``, class ``DFlashModel``) writes, so the output is interchangeable with an
 upstream conversion; on top of those we record provenance under ``general.source.*`` and
-``pyllamaspec.*``. The tokenizer (every ``tokenizer.*`` key) is copied from the target GGUF.
+``pyllamaspec.*``. The tokenizer (every ``tokenizer.*`` key) is copied from the target GGUF; a target given
+as a Hugging Face model directory has its sizes read from config.json and its tokenizer rebuilt from
+tokenizer.json (``pyllamaspec.hftarget``).
 
 Everything that can be checked is checked before the first byte is written: the config, the
 drafter/target pairing (hidden size, vocab, target layer ids, mask token) and the complete tensor
@@ -39,6 +41,7 @@ import numpy as np
 
 from pyllamaspec.errors import ConversionError, PairingError, PyllamaspecError
 from pyllamaspec.atomicfile import atomic_output
+from pyllamaspec.hftarget import is_hf_model_dir, read_hf_target
 from pyllamaspec.pairing import FINAL_LAYER_INPUT_ARCHS
 
 __all__ = [
@@ -239,13 +242,10 @@ def _read_target(path: Path) -> _Target:
     tokenizer key/values via a KV-only parse."""
     path = Path(path)
     if path.is_dir():
-        if (path / "config.json").is_file():
-            raise ConversionError(
-                f"target {str(path)!r} is a Hugging Face model directory; the drafter takes its tokenizer "
-                f"from the target in GGUF form, so convert the target to GGUF first (e.g. with llama.cpp's "
-                f"convert_hf_to_gguf.py) and pass --target TARGET.gguf"
-            )
-        raise ConversionError(f"target {str(path)!r} is a directory, not a GGUF file; pass --target TARGET.gguf")
+        if is_hf_model_dir(path):
+            return _hf_target(path)
+        raise ConversionError(f"target {str(path)!r} is a directory without config.json: pass a GGUF file or a "
+                              f"Hugging Face model directory")
     from pyllamaspec.ggufmeta import read_summary
 
     try:
@@ -275,6 +275,24 @@ def _read_target(path: Path) -> _Target:
         uses_mrope=f"{s.arch}.rope.dimension_sections" in s.metadata,
         fingerprint=target_fingerprint(s.vocab_fingerprint, s.n_embd, s.n_layer),
         tokenizer_kv=tokenizer_kv,
+    )
+
+
+def _hf_target(path: Path) -> _Target:
+    t = read_hf_target(path)
+    block_count = t.n_layer + t.n_layer_nextn  # what a GGUF of this target would store
+    return _Target(
+        path=path,
+        arch=t.arch,
+        name=t.name,
+        n_embd=t.n_embd,
+        block_count=block_count,
+        n_layer=t.n_layer,
+        n_vocab=len(t.tokens),
+        taps_final=t.arch in FINAL_LAYER_INPUT_ARCHS,
+        uses_mrope=t.uses_mrope,
+        fingerprint=target_fingerprint(t.vocab_fingerprint, t.n_embd, block_count),
+        tokenizer_kv=t.tokenizer_kv,
     )
 
 
@@ -1119,7 +1137,9 @@ def convert_dflash(
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("drafter_dir", help="DFlash/DFlash2 drafter checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--target", required=True, help="the target model's GGUF (tokenizer and pairing come from it)")
+    p.add_argument("--target", required=True,
+                   help="the target: its GGUF, or its Hugging Face model directory (config.json + tokenizer.json); "
+                        "tokenizer and pairing come from it")
     p.add_argument("-o", "--output", "--out", dest="out", required=True, help="output GGUF path")
     p.add_argument("--outtype", choices=OUTTYPES, default="bf16", help="weight type of the 2-D tensors (default: bf16)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")

@@ -420,3 +420,52 @@ def write_target_gguf(
     w.write_tensors_to_file()
     w.close()
     return p
+
+
+def write_target_hf_dir(
+    path: str | Path,
+    *,
+    model_type: str = "qwen3",
+    n_embd: int = 64,
+    n_layer: int = 4,
+    vocab: int = 288,
+    n_pad: int = 1,
+    mtp_layers: int = 0,
+    mrope: bool = False,
+    text_config: bool = False,
+) -> Path:
+    """A Hugging Face model directory (config.json, tokenizer.json, tokenizer_config.json, no weights) whose
+    tokenizer is the one write_target_gguf writes with the same vocab and n_pad: the ``[PAD<i>]`` ids are left
+    out of tokenizer.json and covered by vocab_size, as in Qwen checkpoints."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    n_merged = vocab - 256 - len(SPECIAL_TOKENS) - n_pad
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pairs = [(a, b) for a in letters for b in letters][:n_merged]
+    base = byte_tokens() + [a + b for a, b in pairs]
+    eot = 256 + n_merged
+    added = [{"id": eot + i, "content": t, "special": True} for i, t in enumerate(SPECIAL_TOKENS)]
+    tokenizer = {
+        "version": "1.0",
+        "added_tokens": added,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel", "add_prefix_space": False}]},
+        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(base)},
+                  "merges": [[a, b] for a, b in pairs]},
+    }
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": None, "eos_token": SPECIAL_TOKENS[2], "pad_token": SPECIAL_TOKENS[0], "add_bos_token": False,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    }), encoding="utf-8")
+    sizes = {"model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": n_layer, "vocab_size": vocab}
+    if mtp_layers:
+        sizes["mtp_num_hidden_layers"] = mtp_layers
+    if mrope:
+        sizes["rope_parameters"] = {"mrope_section": [11, 11, 10], "rope_theta": 1e7}
+    config = {"architectures": ["Qwen3ForCausalLM"], "eos_token_id": eot + 2}
+    if text_config:
+        config.update(model_type=model_type.removesuffix("_text"), text_config=sizes)
+    else:
+        config.update(sizes)
+    (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return d

@@ -633,15 +633,6 @@ def test_not_a_dflash_checkpoint(tmp_path: Path, target: Path, outdir: Path) -> 
                    "Qwen3ForCausalLM", "DFlashDraftModel", outdir=outdir)
 
 
-def test_hf_directory_target_is_refused(tmp_path: Path, outdir: Path) -> None:
-    hf = tmp_path / "Qwen3-8B"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64}))
-    ckpt = write_dflash_checkpoint(tmp_path / "ckpt")
-    expect_failure(ConversionError, lambda: cv.convert_dflash(ckpt, hf, outdir / "x.gguf"),
-                   "Hugging Face", "convert the target to GGUF first", outdir=outdir)
-
-
 def test_drafter_as_target_is_refused(tmp_path: Path, target: Path, outdir: Path) -> None:
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt")
     drafter = cv.convert_dflash(ckpt, target, tmp_path / "drafter.gguf")
