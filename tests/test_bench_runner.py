@@ -14,6 +14,7 @@ from pyllamaspec.bench.plan import Arm, MixedModesError, PromptMode
 from pyllamaspec.bench.runner import BenchRunner, BenchSettings
 from pyllamaspec.bench.workloads import Prompt
 from pyllamaspec.errors import ConfigError
+from pyllamaspec.errors import ConfigError
 
 PLAIN = Arm("plain")
 DRAFT = Arm("draft", ("draft-simple",), 4, "q4")
@@ -442,3 +443,99 @@ def test_llama_cpp_python_worker_reports_load_failures(fake_llama_cpp):
         backend.generate(Arm("lcp", kind="llama-cpp-python"), RenderedPrompt("p", (1,)), 3, n_ctx=512,
                          margins=False)
     backend.close()
+
+
+class FakeStreamsBackend(FakeBackend):
+    """FakeBackend that also runs several prompts as streams, recording which ones."""
+
+    def generate_streams(self, arm, prompts, n_predict, *, n_ctx, margins):
+        result = self.generate(arm, prompts[0], n_predict, n_ctx=n_ctx, margins=margins)
+        self.calls[-1]["streams"] = [p.text for p in prompts]
+        return result
+
+
+def test_parallel_runs_the_classes_next_prompts_as_streams_in_a_shared_context():
+    _, one = run_bench(backend=FakeStreamsBackend(), depths=(0,))
+    result, backend = run_bench(backend=FakeStreamsBackend(), depths=(0,), parallel=3)
+    assert result["parallel"] == 3
+    code = [call["streams"] for call in backend.calls if call.get("streams") and call["prompt_len"] == 4]
+    assert ["write code zero", "write code one", "write code zero"] in code  # wraps around the class's prompts
+    assert ["write code one", "write code zero", "write code one"] in code
+    assert all(len(call["streams"]) == 3 for call in backend.calls)
+    # each stream gets the context one run alone would
+    assert {call["n_ctx"] for call in backend.calls} == {3 * one.calls[0]["n_ctx"]}
+
+
+def test_parallel_refuses_backends_that_run_one_stream():
+    with pytest.raises(ConfigError, match="run one stream at a time"):
+        run_bench(backend=FakeBackend(), parallel=2)
+
+
+class StreamsApi(FakeApi):
+    """FakeApi whose sessions also generate batches and report the streams' joint stats."""
+
+    def SpecSession(self, target, drafter, config):
+        inner = super().SpecSession(target, drafter, config)
+
+        class Session:
+            def __enter__(self):
+                inner.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def generate_batch(self, prompts, n_predict):
+                return [inner.generate(p, n_predict) for p in prompts]
+
+            def stats(self):
+                return SimpleNamespace(
+                    n_steps=8, n_drafted=24, n_accepted=12, mean_accepted_length=2.5,
+                    accepted_per_position=[6, 4, 2], drafted_per_position=[8, 8, 8], tokens_per_second=200.0,
+                    n_generated=16, n_prompt=7, t_prefill_ms=1.0, t_draft_ms=2.0, t_verify_ms=3.0,
+                    t_rollback_ms=0.5, t_sample_ms=0.1, t_decode_ms=80.0)
+
+        return Session()
+
+
+def test_adapter_runs_streams_in_one_session():
+    api = StreamsApi()
+    backend = PyllamaspecBackend("/models/t.gguf", {"q4": "/models/d.gguf"}, api=api)
+    rendered = [backend.render(text, PromptMode(chat_template=False)) for text in ("a b", "c d e")]
+    result = backend.generate_streams(DRAFT, rendered, 8, n_ctx=2048, margins=False)
+    _, _, config = api.sessions[-1]
+    assert config.n_parallel == 2 and config.n_ctx == 2048
+    assert result.tokens_per_second == 200.0 and result.n_generated == 16 and result.tokens == tuple(range(8))
+
+
+class FakeNoisyBackend(FakeStreamsBackend):
+    """Measures the target's batch-shape noise as a fixed shift of every margin."""
+
+    def __init__(self, shift, **kw):
+        super().__init__(**kw)
+        self.shift, self.scored = shift, []
+
+    def score_margins(self, prompt, continuation, chunk, *, n_ctx):
+        self.scored.append(chunk)
+        margins = [5.0] * len(continuation)  # what generate() reports for plain runs, moved by the shift
+        for position in self.diverge_at.values():
+            margins[position] = self.margin_at_divergence
+        return [m + self.shift for m in margins]
+
+
+def test_divergence_within_measured_batch_shape_noise_is_a_tie():
+    # the planted divergence sits at margin 0.2: a tie only once the noise (0.15 -> tolerance 0.225) is measured
+    quiet, _ = run_bench(backend=FakeBackend(diverge_at={"draft": 3}, margin_at_divergence=0.2), depths=(0,))
+    assert record(quiet, "draft")["equal_to_plain"]["kind"] == "diverged"
+    backend = FakeNoisyBackend(0.15, diverge_at={"draft": 3}, margin_at_divergence=0.2)
+    noisy, _ = run_bench(backend=backend, depths=(0,))
+    equal = record(noisy, "draft")["equal_to_plain"]
+    assert equal["kind"] == "near-tie" and equal["tolerance"] == pytest.approx(0.225)
+    assert equal["batch_shape_noise"] == pytest.approx(0.15)
+    assert set(backend.scored) == {DRAFT.n_max + 1}  # scored in verify-sized batches
+
+
+def test_noise_never_lowers_the_configured_tolerance():
+    backend = FakeNoisyBackend(0.0, diverge_at={"draft": 3}, margin_at_divergence=0.04)
+    result, _ = run_bench(backend=backend, depths=(0,))
+    assert record(result, "draft")["equal_to_plain"]["tolerance"] == pytest.approx(0.05)

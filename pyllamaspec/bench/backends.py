@@ -45,12 +45,15 @@ class RunResult:
 
     @classmethod
     def from_session_result(cls, result: Any) -> RunResult:
-        stats = result.stats
+        return cls.from_stats(result.stats, result.tokens, result.margins, result.finish_reason)
+
+    @classmethod
+    def from_stats(cls, stats: Any, tokens: Any, margins: Any, finish_reason: str | None) -> RunResult:
         return cls(
             tokens_per_second=float(stats.tokens_per_second),
             n_generated=int(stats.n_generated),
-            tokens=tuple(result.tokens),
-            margins=tuple(result.margins) if result.margins else None,
+            tokens=tuple(tokens),
+            margins=tuple(margins) if margins else None,
             n_prompt=stats.n_prompt,
             n_steps=stats.n_steps,
             n_drafted=stats.n_drafted,
@@ -58,7 +61,7 @@ class RunResult:
             mean_accepted_length=stats.mean_accepted_length,
             accepted_per_position=tuple(stats.accepted_per_position),
             drafted_per_position=tuple(stats.drafted_per_position),
-            finish_reason=result.finish_reason,
+            finish_reason=finish_reason,
             timings_ms={phase: getattr(stats, f"t_{phase}_ms")
                         for phase in ("prefill", "draft", "verify", "rollback", "sample", "decode")},
         )
@@ -145,9 +148,11 @@ class PyllamaspecBackend:
                                               add_generation_prompt=True, **options)
         return RenderedPrompt(text, tuple(target.tokenize(text)))
 
-    def session_config(self, arm: Arm, *, n_ctx: int, margins: bool) -> Any:
+    def session_config(self, arm: Arm, *, n_ctx: int, margins: bool, n_parallel: int = 1) -> Any:
         fields: dict[str, Any] = {"spec_types": list(arm.spec_types), "n_ctx": n_ctx, "temp": 0.0,
                                   "seed": self.seed, "margins": margins, "force_reject": arm.force_reject}
+        if n_parallel > 1:
+            fields["n_parallel"] = n_parallel
         # unset values keep the session's defaults rather than a second copy of them here
         if arm.n_max is not None:
             fields["n_max"] = arm.n_max
@@ -162,6 +167,28 @@ class PyllamaspecBackend:
         config = self.session_config(arm, n_ctx=n_ctx, margins=margins)
         with self.api.SpecSession(target=target, drafter=drafter, config=config) as session:
             return RunResult.from_session_result(session.generate(list(prompt.tokens), n_predict=n_predict))
+
+    def score_margins(self, prompt: RenderedPrompt, continuation: tuple[int, ...], chunk: int, *,
+                      n_ctx: int) -> list[float]:
+        """The target's margins on a fixed continuation, decoded in batches of ``chunk`` tokens."""
+        threads = {"n_threads": self.n_threads, "n_threads_batch": self.n_threads} if self.n_threads is not None else {}
+        # a plain session keeps logits for n_max + 1 tokens per batch
+        config = self.api.SessionConfig(spec_types=[], n_ctx=n_ctx, n_max=chunk - 1, **threads)
+        with self.api.SpecSession(target=self._loaded_target(), drafter=None, config=config) as session:
+            return session.score_margins(list(prompt.tokens), list(continuation), chunk)
+
+    def generate_streams(self, arm: Arm, prompts: list[RenderedPrompt], n_predict: int, *, n_ctx: int,
+                         margins: bool) -> RunResult:
+        """Several prompts as streams of one session (n_parallel): stream 0's tokens, and the counters and
+        throughput of all streams together."""
+        target = self._loaded_target()
+        drafter = self._drafters[arm.drafter] if arm.drafter is not None else None
+        config = self.session_config(arm, n_ctx=n_ctx, margins=margins, n_parallel=len(prompts))
+        with self.api.SpecSession(target=target, drafter=drafter, config=config) as session:
+            results = session.generate_batch([list(p.tokens) for p in prompts], n_predict=n_predict)
+            total = session.stats()
+        first = results[0]
+        return RunResult.from_stats(total, first.tokens, first.margins, first.finish_reason)
 
     def close(self) -> None:
         for model in [self._target, *self._drafters.values()]:

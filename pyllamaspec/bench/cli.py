@@ -86,6 +86,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     runtime.add_argument("--threads", type=int, default=None)
     runtime.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, dest="n_gpu_layers")
     runtime.add_argument("--n-ctx", type=int, default=None, help="context size (default: just enough)")
+    runtime.add_argument("-np", "--parallel", type=int, default=1,
+                         help="streams per run, decoded together (the prompt and the class's next ones); tok/s "
+                              "is their total (default: %(default)s)")
     runtime.add_argument("--seed", type=int, default=0)
     hygiene = parser.add_argument_group("measurement hygiene")
     hygiene.add_argument("--cotenant", choices=("refuse", "flag"), default="flag",
@@ -180,6 +183,10 @@ def validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--depth takes non-negative token counts, got {args.depth}")
     if args.repeat < 1 or args.n_predict < 2:
         raise ConfigError("--repeat must be at least 1 and --n-predict at least 2")
+    if args.parallel < 1:
+        raise ConfigError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.parallel > 1 and (args.external_speculative_simple or args.external_llama_cpp_python):
+        raise ConfigError("external arms run one stream at a time; --parallel cannot be combined with them")
 
 
 def lock_devices(build_info: Mapping, n_gpu_layers: int) -> list[str]:
@@ -210,7 +217,7 @@ def _external_backends(args: argparse.Namespace, drafter_paths: Mapping[str, str
 def _recorded_params(args: argparse.Namespace, arms: Sequence[Arm]) -> dict:
     return {"n_predict": args.n_predict, "repeats": args.repeat, "classes": args.classes, "depths": args.depth,
             "threads": args.threads, "n_gpu_layers": args.n_gpu_layers, "seed": args.seed,
-            "n_ctx_requested": args.n_ctx, "margin_tolerance": args.margin_tolerance,
+            "n_ctx_requested": args.n_ctx, "margin_tolerance": args.margin_tolerance, "parallel": args.parallel,
             "cooling_gate_c": args.cooling_gate, "arms": [arm.name for arm in arms]}
 
 
@@ -227,7 +234,8 @@ def _measure(args: argparse.Namespace) -> dict:
     settings = BenchSettings(
         classes=tuple(args.classes), depths=tuple(args.depth), repeats=args.repeat, n_predict=args.n_predict,
         cotenant_policy=args.cotenant, margin_tolerance=args.margin_tolerance, cooling_gate_c=args.cooling_gate,
-        cooling_max_wait_s=args.cooling_max_wait, force_mixed_modes=args.force_mixed_modes, n_ctx=args.n_ctx)
+        cooling_max_wait_s=args.cooling_max_wait, force_mixed_modes=args.force_mixed_modes, n_ctx=args.n_ctx,
+        parallel=args.parallel)
     ignored = sorted(DEFAULT_IGNORED_NAMES | set(args.cotenant_ignore))
     with contextlib.ExitStack() as stack:
         locks = []

@@ -134,6 +134,9 @@ def _fmt_equivalence(equivalence: Mapping | None) -> str:
     if equivalence["kind"] == "identical":
         return "identical"
     where = f"at token {equivalence['position']}, margin {_fmt(equivalence['margin'], 3)}"
+    if equivalence.get("batch_shape_noise") is not None:
+        where += (f" (tie below {_fmt(equivalence['tolerance'], 3)}; batch-shape noise "
+                  f"{_fmt(equivalence['batch_shape_noise'], 3)})")
     if equivalence["kind"] == "near-tie":
         return f"near-tie {where}"
     return f"**DIVERGED** {where}"
@@ -170,6 +173,9 @@ def render_markdown(document: Mapping) -> str:
                                           if locks else "not taken"))
         preflight = environment.get("cotenant", {}).get("preflight") or []
         lines.append(f"- co-tenants before the run: {len(preflight) or 'none'}")
+    if document.get("parallel", 1) > 1:
+        lines.append(f"- {document['parallel']} streams per run, decoded together: tok/s is their total, "
+                     f"equality is checked on the first stream")
     lines += ["", "## Throughput (decode tok/s)", "",
               "| class | depth | arm | mode | median | min–max | spread % | n | acceptance | tokens/step "
               "| speedup vs plain | ratio to | equal to plain | contaminated |",

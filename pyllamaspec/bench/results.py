@@ -30,6 +30,10 @@ class RunOutcome:
 
 ReferenceKey = tuple[str, int, int]  # content class, depth, prompt index
 
+# A divergence within 1.5x the measured batch-shape noise of the target's margins is a tie: verification sees
+# other batch shapes than the plain reference, and the noise was measured on one of them only.
+NOISE_FACTOR = 1.5
+
 
 def sum_by_position(rows: Sequence[Sequence[int]]) -> list[int]:
     """Per-position totals of rows of different lengths (drafts stop early, so later positions are rarer)."""
@@ -50,25 +54,34 @@ def _value_range(values: Sequence[float | None]) -> list[float] | None:
     return [min(present), max(present)] if present else None
 
 
+def tie_tolerance(margin_tolerance: float, noise: float | None) -> float:
+    """The margin below which a divergence counts as a tie: the configured floor, or more where the target's
+    margins were measured to move further than that with batch shape alone."""
+    return margin_tolerance if noise is None else max(margin_tolerance, NOISE_FACTOR * noise)
+
+
 def _equivalence(arm: Arm, plain: Arm, runs: Sequence[RunOutcome], references: Mapping[ReferenceKey, RunResult],
-                 tolerance: float) -> dict | None:
+                 tolerance: float, noise: Mapping[ReferenceKey, float]) -> dict | None:
     """The least equivalent of this arm's runs against the plain reference of the same prompt."""
     if arm.mode != plain.mode:
         return None  # another prompt, so another text: nothing to compare
-    checked: list[tuple[Equivalence, str]] = []
+    checked: list[tuple[Equivalence, str, float, float | None]] = []
     for run in runs:
-        reference = references.get((run.step.content_class, run.step.depth, run.step.prompt_index))
+        key = (run.step.content_class, run.step.depth, run.step.prompt_index)
+        reference = references.get(key)
         if reference is None or reference.tokens is None or run.result.tokens is None:
             continue
-        checked.append((compare_greedy(reference.tokens, reference.margins, run.result.tokens, tolerance),
-                        run.prompt_id))
-    worst = least_equivalent(result for result, _ in checked)
+        used = tie_tolerance(tolerance, noise.get(key))
+        checked.append((compare_greedy(reference.tokens, reference.margins, run.result.tokens, used),
+                        run.prompt_id, used, noise.get(key)))
+    worst = least_equivalent(result for result, *_ in checked)
     if worst is None:
         return None
-    prompt_id = next(prompt for result, prompt in checked if result is worst)
-    counts = {kind: sum(result.kind == kind for result, _ in checked) for kind in ("identical", "near-tie",
-                                                                                    "diverged")}
-    return {**worst.to_dict(), "prompt": prompt_id, "tolerance": tolerance, "counts": counts}
+    _, prompt_id, used, measured = next(item for item in checked if item[0] is worst)
+    counts = {kind: sum(result.kind == kind for result, *_ in checked) for kind in ("identical", "near-tie",
+                                                                                     "diverged")}
+    return {**worst.to_dict(), "prompt": prompt_id, "tolerance": used, "batch_shape_noise": measured,
+            "counts": counts}
 
 
 def _paired_ratio(runs: Sequence[RunOutcome], baseline: Sequence[RunOutcome]) -> dict | None:
@@ -89,7 +102,10 @@ def build_records(
     *,
     preflight_contaminated: bool,
     margin_tolerance: float,
+    noise: Mapping[ReferenceKey, float] | None = None,
 ) -> list[dict]:
+    """noise: per plain reference, how far the target's margins moved between plain decoding and a verify-shaped
+    batch (teacher-forced on the reference's own tokens); divergences within it count as ties."""
     arms_by_name = {arm.name: arm for arm in arms}
     plain = next(arm for arm in arms if arm.is_plain)
     measured: dict[tuple[str, str, int], list[RunOutcome]] = {}
@@ -152,7 +168,7 @@ def build_records(
                                 if steps else None),
             "accepted_per_position": accepted_per_position,
             "drafted_per_position": drafted_per_position,
-            "equal_to_plain": _equivalence(arm, plain, runs, references, margin_tolerance),
+            "equal_to_plain": _equivalence(arm, plain, runs, references, margin_tolerance, noise or {}),
             "speedup_vs_plain": None if arm.is_plain else _paired_ratio(runs, measured.get(
                 (plain.name, content_class, depth), [])),
             "ratio_to": ({"arm": baseline.name, **(_paired_ratio(runs, measured.get(

@@ -13,7 +13,11 @@ from pyllamaspec.bench.equivalence import DEFAULT_MARGIN_TOLERANCE
 from pyllamaspec.bench.plan import DEFAULT_REPEATS, Arm, PromptMode, Step, build_schedule, check_modes
 from pyllamaspec.bench.results import ReferenceKey, RunOutcome, build_breakeven, build_records
 from pyllamaspec.bench.workloads import DepthFiller, Prompt, compose_user_message
+from pyllamaspec.config import SessionConfig
 from pyllamaspec.errors import ConfigError
+
+# A speculative arm without an explicit n_max drafts the session default.
+DEFAULT_N_MAX = SessionConfig.n_max
 
 # Room past the longest prompt plus n_predict: the last speculative step may draft beyond the final token.
 CONTEXT_HEADROOM_TOKENS = 64
@@ -33,6 +37,7 @@ class BenchSettings:
     force_mixed_modes: bool = False
     filler_seed: int = 0
     n_ctx: int | None = None  # None: just enough for the deepest prompt, the same for every arm and depth
+    parallel: int = 1  # streams decoded together in every run: this prompt and the class's next ones
 
 
 class BenchRunner:
@@ -56,6 +61,12 @@ class BenchRunner:
         missing = sorted({arm.kind for arm in arms} - set(backends))
         if missing:
             raise ConfigError(f"no backend for arm kind(s) {', '.join(missing)}")
+        if settings.parallel < 1:
+            raise ConfigError(f"parallel={settings.parallel}: at least one stream per run")
+        if settings.parallel > 1:
+            single = sorted({arm.kind for arm in arms if not hasattr(backends[arm.kind], "generate_streams")})
+            if single:
+                raise ConfigError(f"arm kind(s) {', '.join(single)} run one stream at a time; drop them or --parallel")
         self.arms = list(arms)
         self.plain = plain_arms[0]
         self.backends = backends
@@ -87,7 +98,36 @@ class BenchRunner:
             return self.settings.n_ctx
         longest = max(len(prompt.tokens) for prompt in workloads.values())
         needed = longest + self.settings.n_predict + CONTEXT_HEADROOM_TOKENS
-        return math.ceil(needed / CONTEXT_ALIGNMENT_TOKENS) * CONTEXT_ALIGNMENT_TOKENS
+        # streams share the context equally, so each gets what one run alone would
+        return math.ceil(needed / CONTEXT_ALIGNMENT_TOKENS) * CONTEXT_ALIGNMENT_TOKENS * self.settings.parallel
+
+    def _generate(self, arm: Arm, step: Step, workloads: Mapping[tuple, RenderedPrompt], n_ctx: int,
+                  margins: bool) -> RunResult:
+        """One run of an arm on a step's prompt; with parallel > 1 the class's next prompts run beside it as
+        further streams, and the result is stream 0's tokens with the total throughput."""
+        backend = self.backends[arm.kind]
+        key = (step.content_class, step.depth)
+        prompt = workloads[(*key, step.prompt_index, arm.mode)]
+        if self.settings.parallel == 1:
+            return backend.generate(arm, prompt, self.settings.n_predict, n_ctx=n_ctx, margins=margins)
+        count = len(self.prompts[step.content_class])
+        prompts = [workloads[(*key, (step.prompt_index + k) % count, arm.mode)] for k in range(self.settings.parallel)]
+        return backend.generate_streams(arm, prompts, self.settings.n_predict, n_ctx=n_ctx, margins=margins)
+
+    def _batch_shape_noise(self, arm: Arm, step: Step, workloads: Mapping[tuple, RenderedPrompt],
+                           reference: RunResult, n_ctx: int) -> float | None:
+        """How far the target's margins on the reference's own tokens move when they are decoded in verify-sized
+        batches instead of one at a time; None where the backend cannot tell."""
+        backend = self.backends[arm.kind]
+        if not hasattr(backend, "score_margins") or not reference.tokens or not reference.margins:
+            return None
+        speculative = [a for a in self.arms if not a.is_plain]
+        if not speculative:
+            return None
+        chunk = max((a.n_max or DEFAULT_N_MAX) + 1 for a in speculative)  # the largest verify batch
+        prompt = workloads[(step.content_class, step.depth, step.prompt_index, arm.mode)]
+        batched = backend.score_margins(prompt, reference.tokens, chunk, n_ctx=n_ctx)
+        return max(abs(a - b) for a, b in zip(batched, reference.margins))
 
     def _cool_down(self) -> dict | None:
         if self.settings.cooling_gate_c is None or self.telemetry is None:
@@ -96,12 +136,12 @@ class BenchRunner:
                                  self.settings.cooling_max_wait_s, clock=self.clock, sleep=self.sleep)
         return result.to_dict()
 
-    def _measure(self, step: Step, arm: Arm, prompt: RenderedPrompt, n_ctx: int, prompt_id: str,
+    def _measure(self, step: Step, arm: Arm, workloads: Mapping[tuple, RenderedPrompt], n_ctx: int, prompt_id: str,
                  filler_tokens: int) -> RunOutcome:
         """One timed run inside a co-tenant window, then a telemetry sample."""
         if self.detector is not None:
             self.detector.begin_window()
-        result = self.backends[arm.kind].generate(arm, prompt, self.settings.n_predict, n_ctx=n_ctx, margins=False)
+        result = self._generate(arm, step, workloads, n_ctx, margins=False)
         findings = self.detector.end_window() if self.detector is not None else []
         contaminated = enforce(findings, self.settings.cotenant_policy,
                                f"during {arm.name} on {step.content_class} at depth {step.depth}, "
@@ -124,16 +164,18 @@ class BenchRunner:
                                   reference_arm=self.plain.name)
         outcomes: list[RunOutcome] = []
         references: dict[ReferenceKey, RunResult] = {}
+        noise: dict[ReferenceKey, float] = {}
         cooling: list[dict] = []
         for number, step in enumerate(schedule, start=1):
             arm = arms_by_name[step.arm]
-            backend = self.backends[arm.kind]
-            prompt = workloads[(step.content_class, step.depth, step.prompt_index, arm.mode)]
             self.progress(f"[{number}/{len(schedule)}] {step.kind} {arm.name} {step.content_class} "
                           f"depth {step.depth}" + (f" round {step.repeat}" if step.repeat is not None else ""))
             if step.kind == "reference":
-                references[(step.content_class, step.depth, step.prompt_index)] = backend.generate(
-                    arm, prompt, settings.n_predict, n_ctx=n_ctx, margins=True)
+                key = (step.content_class, step.depth, step.prompt_index)
+                references[key] = self._generate(arm, step, workloads, n_ctx, margins=True)
+                measured = self._batch_shape_noise(arm, step, workloads, references[key], n_ctx)
+                if measured is not None:
+                    noise[key] = measured
                 continue
             if step.kind == "measure" and step.arm == self.arms[0].name:
                 gate = self._cool_down()  # between rounds, so every arm of a round starts from the same state
@@ -142,19 +184,20 @@ class BenchRunner:
                                     "round": step.repeat, **gate})
             prompt_id = self.prompts[step.content_class][step.prompt_index].id
             if step.kind == "warmup":
-                result = backend.generate(arm, prompt, settings.n_predict, n_ctx=n_ctx, margins=False)
+                result = self._generate(arm, step, workloads, n_ctx, margins=False)
                 outcomes.append(RunOutcome(step, result, prompt_id, filler_tokens[step.depth]))
                 continue
-            outcomes.append(self._measure(step, arm, prompt, n_ctx, prompt_id, filler_tokens[step.depth]))
+            outcomes.append(self._measure(step, arm, workloads, n_ctx, prompt_id, filler_tokens[step.depth]))
 
         records = build_records(self.arms, outcomes, references, preflight_contaminated=preflight_contaminated,
-                                margin_tolerance=settings.margin_tolerance)
+                                margin_tolerance=settings.margin_tolerance, noise=noise)
         return {
             "arms": [arm.to_dict() for arm in self.arms],
             "records": records,
             "breakeven": build_breakeven(self.arms, records),
             "mixed_modes": mixed_modes,
             "n_ctx": n_ctx,
+            "parallel": settings.parallel,
             "cotenant": {
                 "policy": settings.cotenant_policy,
                 "preflight": [finding.to_dict() for finding in preflight],
