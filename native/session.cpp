@@ -438,6 +438,13 @@ void create_contexts(pls_session & s) {
         throw std::runtime_error("failed to create the target context" + (why.empty() ? std::string() : ": " + why));
     }
     s.n_rs_seq = (int32_t) llama_n_rs_seq(s.ctx_tgt.get());
+    const int32_t n_verify = s.sp.n_parallel * (s.n_max_effective + 1);
+    if (speculating && (int32_t) llama_n_batch(s.ctx_tgt.get()) < n_verify) {
+        // llama.cpp caps a causal context's batch at n_ctx
+        throw std::invalid_argument("n_ctx=" + std::to_string(s.sp.n_ctx) + " caps the batch at " +
+                                    std::to_string(llama_n_batch(s.ctx_tgt.get())) + " tokens, below n_parallel x (n_max + 1) = " +
+                                    std::to_string(n_verify) + "; raise n_ctx or lower n_parallel / n_max");
+    }
 
     if (plan.has_draft) {
         llama_context_params & cpd = plan.draft;

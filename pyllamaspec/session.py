@@ -469,6 +469,7 @@ class SpecSession:
                        reset_stats: bool = True) -> list[GenerationResult]:
         """Generate for several prompts together (at most n_parallel); one result per prompt, in order.
         Each result's stats are its stream's counters; session.stats() holds the totals."""
+        prompts = list(prompts) if not isinstance(prompts, str) else prompts
         tokens: dict[int, list[int]] = {}
         margins: dict[int, list[float]] = {}
         reasons: dict[int, str] = {}

@@ -237,3 +237,10 @@ def test_dspark_streams_are_exact(tmp_path_factory, hybrid_pair):
             results = s.generate_batch(PROMPTS, N_PREDICT)
     assert_streams_exact(results, refs)
     assert all(r.stats.n_drafted > 0 for r in results)
+
+
+def test_context_too_small_for_every_streams_verify_batch(dense):
+    target, drafter, _ = dense
+    cfg = SessionConfig(spec_types=["draft-simple"], n_max=15, n_ctx=256, n_parallel=32, n_batch=2048, n_ubatch=512)
+    with pytest.raises(ConfigError, match=r"n_ctx=256 caps the batch at 256 tokens, below n_parallel x \(n_max \+ 1\) = 512"):
+        SpecSession(target, drafter, cfg)
