@@ -84,6 +84,7 @@ struct stream_state {
     bool ckpt_valid = false;   // a target checkpoint was taken for the draft being verified
     bool replay = false;       // this step re-decodes tokens restored from a checkpoint
     int32_t i_batch = -1;      // where this stream's [id_last, draft...] starts in the verify batch
+    int32_t n_draft_max = 0;   // this step's draft cap (context, n_predict and n_max)
     int32_t finish = PLS_FINISH_NONE;
     common_sampler_ptr smpl;
     pls_stats stats{};         // counters only; the session's stats hold the (shared) timings
@@ -612,7 +613,6 @@ void draft_all(pls_session & s, int32_t n_ctx_seq) {
     llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
     scoped_timer t(s.stats.t_draft_ms);
 
-    std::vector<int32_t> n_draft_max(s.streams.size(), 0);
     bool any = false;
     for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
         common_speculative_get_draft_params(s.spec, q).drafting = false;
@@ -631,7 +631,7 @@ void draft_all(pls_session & s, int32_t n_ctx_seq) {
             n = std::min<int32_t>(n, s.n_predict - (int32_t) st.n_emitted - 1);
         }
         n = std::max(n, 0);
-        n_draft_max[st.seq] = n;
+        st.n_draft_max = n;
         st.draft.clear();
         common_speculative_get_draft_params(s.spec, st.seq) = {
             /* .drafting = */ true,
@@ -651,8 +651,8 @@ void draft_all(pls_session & s, int32_t n_ctx_seq) {
         if (!st.active || st.replay) {
             continue;
         }
-        if ((int32_t) st.draft.size() > n_draft_max[st.seq]) {
-            st.draft.resize(n_draft_max[st.seq]);
+        if ((int32_t) st.draft.size() > st.n_draft_max) {
+            st.draft.resize(st.n_draft_max);
         }
         st.ckpt_valid = false;
         if (!st.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) st.draft.size() > s.n_rs_seq))) {
@@ -788,8 +788,13 @@ void settle(pls_session & s, stream_state & st, common_sampler_ptr & smpl_save, 
 // One verify step for every active stream: draft, one target batch, then accept/rollback per stream.
 // out[i] receives stream i's committed tokens (and margins). Returns the number of streams still active.
 int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
-    out_tokens.assign(s.streams.size(), {});
-    out_margins.assign(s.streams.size(), {});
+    // reused across steps: clear, keep the capacity
+    out_tokens.resize(s.streams.size());
+    out_margins.resize(s.streams.size());
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        out_tokens[k].clear();
+        out_margins[k].clear();
+    }
     if (!s.active) {
         return 0;
     }

@@ -12,6 +12,7 @@ import argparse
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from . import _native
 from .atomicfile import atomic_output
@@ -122,7 +123,6 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
                          seed: int = 1, stddev: float = 0.1) -> Path:
     """A random EAGLE3 drafter (arch eagle3: fc over 3 tapped target layers + one decoder layer) that borrows
     the target's embeddings and LM head, with the target's tokenizer. target_layers are GGUF ids (HF + 1)."""
-    import gguf
     import numpy as np
 
     from .convert import read_tokenizer_kv
@@ -135,9 +135,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
     n_ff = n_ff or 2 * n_embd
     head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
-
-    def weight(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) = ggml {cols, rows}
-        return (rng.standard_normal((rows, cols)) * stddev).astype(np.float32)
+    weight = _random_weight(rng, stddev)
 
     def norm(n: int) -> np.ndarray:
         return (1.0 + rng.standard_normal(n) * stddev).astype(np.float32)
@@ -157,32 +155,52 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         "blk.0.ffn_down.weight": weight(n_embd, n_ff),
     }
     tokenizer_kv, _ = read_tokenizer_kv(Path(target))
+
+    def fill(w) -> None:
+        a = "eagle3"
+        w.add_string("general.name", "pyllamaspec synthetic eagle3")
+        w.add_uint32(f"{a}.context_length", summary.n_ctx_train or 4096)
+        w.add_uint32(f"{a}.embedding_length", n_embd)
+        w.add_uint32(f"{a}.block_count", 1)
+        w.add_uint32(f"{a}.feed_forward_length", n_ff)
+        w.add_uint32(f"{a}.attention.head_count", n_head)
+        w.add_uint32(f"{a}.attention.head_count_kv", n_head_kv)
+        w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+        w.add_float32(f"{a}.rope.freq_base", 1000000.0)
+        w.add_array(f"{a}.target_layers", list(target_layers))
+        w.add_uint32(f"{a}.target_hidden_size", n_embd_tgt)
+        for key, value, vtype, sub in tokenizer_kv:
+            w.add_key_value(key, value, vtype, sub_type=sub)
+        for name, data in tensors.items():
+            w.add_tensor(name, data)
+
+    return _write_gguf(path, "eagle3", fill)
+
+
+def _write_gguf(path: str | os.PathLike, arch: str, fill: Callable[[Any], None]) -> Path:
+    """Write a GGUF atomically: fill(writer) adds the keys and tensors, this writes them out."""
+    import gguf
+
     path = Path(path)
     with atomic_output(path, force=True, error=ModelLoadError) as tmp:
-        w = gguf.GGUFWriter(tmp, arch="eagle3")
+        w = gguf.GGUFWriter(tmp, arch=arch)
         try:
-            a = "eagle3"
-            w.add_string("general.name", "pyllamaspec synthetic eagle3")
-            w.add_uint32(f"{a}.context_length", summary.n_ctx_train or 4096)
-            w.add_uint32(f"{a}.embedding_length", n_embd)
-            w.add_uint32(f"{a}.block_count", 1)
-            w.add_uint32(f"{a}.feed_forward_length", n_ff)
-            w.add_uint32(f"{a}.attention.head_count", n_head)
-            w.add_uint32(f"{a}.attention.head_count_kv", n_head_kv)
-            w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-            w.add_float32(f"{a}.rope.freq_base", 1000000.0)
-            w.add_array(f"{a}.target_layers", list(target_layers))
-            w.add_uint32(f"{a}.target_hidden_size", n_embd_tgt)
-            for key, value, vtype, sub in tokenizer_kv:
-                w.add_key_value(key, value, vtype, sub_type=sub)
-            for name, data in tensors.items():
-                w.add_tensor(name, data)
+            fill(w)
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_tensors_to_file()
         finally:
             w.close()
     return path
+
+
+def _random_weight(rng: Any, stddev: float) -> Callable[[int, int], Any]:
+    import numpy as np
+
+    def weight(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) = ggml {cols, rows}
+        return (rng.standard_normal((rows, cols)) * stddev).astype(np.float32)
+
+    return weight
 
 
 def write_dspark_drafter(path: str | os.PathLike, dflash_drafter: str | os.PathLike, *, rank: int = 8,
@@ -199,33 +217,22 @@ def write_dspark_drafter(path: str | os.PathLike, dflash_drafter: str | os.PathL
         raise ConfigError(f"{dflash_drafter}: arch {arch!r}, a DSpark drafter is built on a dflash GGUF")
     n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     n_embd = int(src.fields["dflash.embedding_length"].contents())
-    rng = np.random.default_rng(seed)
-
-    def weight(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) = ggml {cols, rows}
-        return (rng.standard_normal((rows, cols)) * stddev).astype(np.float32)
-
+    weight = _random_weight(np.random.default_rng(seed), stddev)
     extra = {"markov_w1.weight": weight(n_vocab, rank), "markov_w2.weight": weight(n_vocab, rank)}
     if confidence_head:
         extra["conf_proj.weight"] = weight(1, n_embd + rank)
         extra["conf_proj.bias"] = np.zeros(1, dtype=np.float32)
-    path = Path(path)
-    with atomic_output(path, force=True, error=ModelLoadError) as tmp:
-        w = gguf.GGUFWriter(tmp, arch="dflash")
-        try:
-            for key, field in src.fields.items():
-                if key.startswith("GGUF.") or key == "general.architecture":
-                    continue
-                sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-                w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-            w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
-            w.add_bool("dflash.has_confidence_head", confidence_head)
-            for t in src.tensors:
-                w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-            for name, data in extra.items():
-                w.add_tensor(name, data)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-        finally:
-            w.close()
-    return path
+    def fill(w) -> None:
+        for key, field in src.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+        w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
+        w.add_bool("dflash.has_confidence_head", confidence_head)
+        for t in src.tensors:
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        for name, data in extra.items():
+            w.add_tensor(name, data)
+
+    return _write_gguf(path, "dflash", fill)
