@@ -86,7 +86,7 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
     pls::clear_last_error();
     if (target == nullptr || params == nullptr || out == nullptr) {
         pls::set_err(err, err_size, "memory estimate: target and session parameters are required");
-        return -1;
+        return PLS_ERR_INVALID;
     }
     memset(out, 0, sizeof(*out));
     try {
@@ -139,10 +139,16 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
                 out->devices[out->n_devices++] = d;
             }
         }
+    } catch (const std::invalid_argument & e) {
+        pls::set_err(err, err_size, std::string("memory estimate: ") + e.what());
+        return PLS_ERR_INVALID;
     } catch (const std::exception & e) {
         const std::string why = pls::take_last_error();
         pls::set_err(err, err_size, std::string("memory estimate: ") + e.what() + (why.empty() ? "" : " (" + why + ")"));
-        return -1;
+        return PLS_ERR_INTERNAL;
+    } catch (...) {
+        pls::set_err(err, err_size, "memory estimate failed");
+        return PLS_ERR_INTERNAL;
     }
-    return 0;
+    return PLS_OK;
 }

@@ -8,6 +8,7 @@
 #include "gguf.h"
 
 #include <memory>
+#include <sys/stat.h>
 #include <stdexcept>
 
 namespace {
@@ -47,7 +48,7 @@ struct tensor_overrides {
                 }
             }
             if (buft == nullptr) {
-                throw std::invalid_argument("tensor override '" + item + "': unknown buffer type '" + buft_name + "'");
+                pls::fail(PLS_ERR_PLACEMENT, "tensor override '" + item + "': unknown buffer type '" + buft_name + "'");
             }
             patterns.push_back(item.substr(0, eq));
             list.push_back({ nullptr, buft });
@@ -114,6 +115,15 @@ pls::model_load_params pls::make_model_params(const pls_model_params * p) {
     if (p == nullptr || p->path == nullptr || p->path[0] == '\0') {
         throw std::invalid_argument("no model path given");
     }
+    struct stat sb;
+    if (stat(p->path, &sb) != 0) {
+        throw std::invalid_argument(std::string("cannot open '") + p->path + "': " + strerror(errno));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        // a FIFO or device would block or stream forever; a directory is not a model
+        throw std::invalid_argument(std::string("'") + p->path + "' is not a regular file" +
+                                    (S_ISDIR(sb.st_mode) ? " (a directory)" : ""));
+    }
     FILE * f = fopen(p->path, "rb");
     if (f == nullptr) {
         throw std::invalid_argument(std::string("cannot open '") + p->path + "': " + strerror(errno));
@@ -160,40 +170,55 @@ pls::model_load_params pls::make_model_params(const pls_model_params * p) {
     return out;
 }
 
-extern "C" pls_model * pls_model_load(const pls_model_params * p, char * err, size_t err_size) {
-    pls::ensure_init();
-    pls::clear_last_error();
-    auto out = std::make_unique<pls_model>();
-    try {
-        const pls::model_load_params lp = pls::make_model_params(p);
-        out->path = p->path;
-        out->devices = lp.requested_devices;
-        out->split_mode = p->split_mode;
-        out->model = llama_model_load_from_file(p->path, lp.mp);
-    } catch (const std::exception & e) {
-        pls::set_err(err, err_size, e.what());
-        return nullptr;
-    }
-    if (out->model == nullptr) {
-        std::string why = pls::take_last_error();
-        pls::set_err(err, err_size, std::string("failed to load '") + p->path + "'" +
-                     (why.empty() ? std::string(" (truncated, corrupt or of an unsupported architecture)") : ": " + why));
-        return nullptr;
-    }
-    return out.release();
+extern "C" int32_t pls_model_load(const pls_model_params * p, pls_model ** out, char * err, size_t err_size) {
+    return pls::guarded(err, err_size, PLS_ERR_LOAD, [&]() -> int32_t {
+        pls::ensure_init();
+        pls::clear_last_error();
+        if (out == nullptr) {
+            pls::fail(PLS_ERR_INVALID, "no place for the model given");
+        }
+        *out = nullptr;
+        pls::model_load_params lp;
+        try {
+            lp = pls::make_model_params(p);
+        } catch (const pls::status_error &) {
+            throw;
+        } catch (const std::invalid_argument & e) {
+            // a missing or unreadable file, not GGUF, an unknown device or override
+            const std::string m = e.what();
+            const bool file = m.rfind("cannot open", 0) == 0 || m.find("is not a GGUF") != std::string::npos ||
+                              m.find("not a regular file") != std::string::npos || m.rfind("no model path", 0) == 0;
+            pls::fail(file ? PLS_ERR_LOAD : PLS_ERR_INVALID, m);
+        }
+        auto m = std::make_unique<pls_model>();
+        m->path = p->path;
+        m->devices = lp.requested_devices;
+        m->split_mode = p->split_mode;
+        m->model = llama_model_load_from_file(p->path, lp.mp);
+        if (m->model == nullptr) {
+            const std::string why = pls::take_last_error();
+            pls::fail(PLS_ERR_LOAD, std::string("failed to load '") + p->path + "'" +
+                                    (why.empty() ? std::string(" (truncated, corrupt or of an unsupported architecture)") : ": " + why));
+        }
+        *out = m.release();
+        return PLS_OK;
+    });
 }
 
 extern "C" void pls_model_free(pls_model * model) {
-    if (model) {
-        llama_model_free(model->model);
-        delete model;
-    }
+    pls::model_release(model);
 }
+
+static int32_t model_info(const pls_model * pm, pls_model_info * out);
 
 extern "C" int32_t pls_model_get_info(const pls_model * pm, pls_model_info * out) {
     if (pm == nullptr || out == nullptr) {
-        return -1;
+        return PLS_ERR_INVALID;
     }
+    return pls::guarded(nullptr, 0, PLS_ERR_INTERNAL, [&]() -> int32_t { return model_info(pm, out); });
+}
+
+static int32_t model_info(const pls_model * pm, pls_model_info * out) {
     const llama_model * m = pm->model;
     const llama_vocab * vocab = llama_model_get_vocab(m);
     memset(out, 0, sizeof(*out));
@@ -240,6 +265,7 @@ extern "C" int32_t pls_model_meta(const pls_model * model, const char * key, cha
     if (model == nullptr || key == nullptr) {
         return -1;
     }
+    try {
     const int32_t n = llama_model_meta_val_str(model->model, key, nullptr, 0);
     if (n < 0) {
         return -1;
@@ -248,24 +274,44 @@ extern "C" int32_t pls_model_meta(const pls_model * model, const char * key, cha
     llama_model_meta_val_str(model->model, key, tmp.data(), tmp.size());
     const int32_t r = pls::copy_out(std::string(tmp.data(), n), buf, buf_size);
     return r;
+    } catch (...) {
+        return -1;
+    }
 }
 
 extern "C" int32_t pls_tokenize(const pls_model * model, const char * text, int32_t text_len, int32_t * tokens,
                                 int32_t n_tokens_max, int32_t add_special, int32_t parse_special) {
-    const llama_vocab * vocab = llama_model_get_vocab(model->model);
-    return llama_tokenize(vocab, text, text_len, tokens, n_tokens_max, add_special != 0, parse_special != 0);
+    if (model == nullptr || text == nullptr || text_len < 0) {
+        return 0;
+    }
+    try {
+        const llama_vocab * vocab = llama_model_get_vocab(model->model);
+        return llama_tokenize(vocab, text, text_len, tokens, n_tokens_max, add_special != 0, parse_special != 0);
+    } catch (...) {
+        return INT32_MIN;  // tokenization failed
+    }
 }
 
 extern "C" int32_t pls_token_to_piece(const pls_model * model, int32_t token, char * buf, int32_t buf_size,
                                       int32_t special) {
-    const llama_vocab * vocab = llama_model_get_vocab(model->model);
-    if (token < 0 || token >= llama_vocab_n_tokens(vocab)) {
+    if (model == nullptr) {
         return 0;
     }
-    return llama_token_to_piece(vocab, token, buf, buf_size, 0, special != 0);
+    try {
+        const llama_vocab * vocab = llama_model_get_vocab(model->model);
+        if (token < 0 || token >= llama_vocab_n_tokens(vocab)) {
+            return 0;
+        }
+        return llama_token_to_piece(vocab, token, buf, buf_size, 0, special != 0);
+    } catch (...) {
+        return 0;
+    }
 }
 
 extern "C" int32_t pls_token_is_eog(const pls_model * model, int32_t token) {
+    if (model == nullptr || token < 0 || token >= llama_vocab_n_tokens(llama_model_get_vocab(model->model))) {
+        return 0;
+    }
     return llama_vocab_is_eog(llama_model_get_vocab(model->model), token);
 }
 

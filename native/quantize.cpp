@@ -34,7 +34,7 @@ extern "C" int32_t pls_quantize(const char * path_in, const char * path_out, int
             }
             if (eq == std::string::npos || eq == 0 || type == GGML_TYPE_COUNT) {
                 pls::set_err(err, err_size, "tensor type override '" + item + "' is not PATTERN=TYPE with a known ggml type");
-                return -1;
+                return PLS_ERR_INVALID;
             }
             patterns.push_back(item.substr(0, eq));
             overrides.push_back({ nullptr, type });
@@ -52,14 +52,17 @@ extern "C" int32_t pls_quantize(const char * path_in, const char * path_out, int
         rc = llama_model_quantize(path_in, path_out, &qp);
     } catch (const std::exception & e) {
         pls::set_err(err, err_size, e.what());
-        return -1;
+        return PLS_ERR_INTERNAL;
+    } catch (...) {
+        pls::set_err(err, err_size, "quantization failed");
+        return PLS_ERR_INTERNAL;
     }
     if (rc != 0) {
         const std::string why = pls::take_last_error();
         pls::set_err(err, err_size, why.empty() ? std::string("quantization failed") : why);
-        return -1;
+        return PLS_ERR_INTERNAL;
     }
-    return 0;
+    return PLS_OK;
 }
 
 extern "C" int32_t pls_ftype_name(int32_t ftype, char * buf, int32_t buf_size) {

@@ -7,6 +7,8 @@
 
 #include <vector>
 
+struct pls_session;
+
 namespace pls {
 
 // llama.cpp's common parameters for a session (sampling, speculative settings, batch sizes, threads)
@@ -25,5 +27,14 @@ struct context_plan {
 
 // context parameters of target and draft; throws std::invalid_argument where upstream would assert
 context_plan plan_contexts(common_params & c, const pls_session_params & sp, int32_t n_max_eff, bool target_recurrent);
+
+// session open, in order: what can be checked on the parameters, what needs the loaded models, contexts
+void validate_params(const pls_session_params & p);
+void validate_pair(pls_session & s);      // throws status_error PLS_ERR_PAIRING with both values named
+void resolve_n_max(pls_session & s);
+void check_placement(pls_session & s);    // throws status_error PLS_ERR_PLACEMENT with the device to use
+void create_contexts(pls_session & s);
+void setup_drafting(pls_session & s);     // which drafter kind, the draft model's device sampler, the controller
+std::vector<common_speculative_type> engine_types(const pls_session & s);
 
 }  // namespace pls

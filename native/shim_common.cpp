@@ -71,6 +71,44 @@ void set_err(char * err, size_t err_size, const std::string & msg) {
     snprintf(err, err_size, "%s", msg.c_str());
 }
 
+void model_retain(pls_model * m) {
+    if (m) {
+        m->refs.fetch_add(1);
+    }
+}
+
+void model_release(pls_model * m) {
+    if (m && m->refs.fetch_sub(1) == 1) {
+        llama_model_free(m->model);
+        delete m;
+    }
+}
+
+int32_t guarded(char * err, size_t err_size, int32_t fallback, const std::function<int32_t()> & fn) {
+    try {
+        return fn();
+    } catch (const status_error & e) {
+        set_err(err, err_size, e.what());
+        return e.code;
+    } catch (const std::length_error & e) {
+        set_err(err, err_size, e.what());
+        return PLS_ERR_CONTEXT;
+    } catch (const std::invalid_argument & e) {
+        set_err(err, err_size, e.what());
+        return PLS_ERR_INVALID;
+    } catch (const std::bad_alloc &) {
+        set_err(err, err_size, "out of memory");
+        return PLS_ERR_INTERNAL;
+    } catch (const std::exception & e) {
+        const std::string why = take_last_error();
+        set_err(err, err_size, std::string(e.what()) + (why.empty() || why == e.what() ? "" : " (" + why + ")"));
+        return fallback;
+    } catch (...) {
+        set_err(err, err_size, "unexpected failure in the native library");
+        return PLS_ERR_INTERNAL;
+    }
+}
+
 int32_t copy_out(const std::string & s, char * buf, int32_t buf_size) {
     const int32_t n = (int32_t) s.size();
     if (buf == nullptr || buf_size <= n) {
@@ -108,7 +146,7 @@ std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only
                     known += (known.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(d));
                 }
             }
-            throw std::invalid_argument("unknown device '" + name + "' (devices here: " +
+            fail(PLS_ERR_PLACEMENT, "unknown device '" + name + "' (devices here: " +
                                         (known.empty() ? std::string("none, CPU only") : known) + ")");
         }
         out.push_back(dev);
@@ -120,7 +158,10 @@ std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only
 
 extern "C" void pls_set_log_level(int32_t level) {
     g_log_level.store(level);
-    common_log_set_verbosity_thold(common_verbosity(level));
+    try {
+        common_log_set_verbosity_thold(common_verbosity(level));
+    } catch (...) {
+    }
 }
 
 extern "C" int32_t pls_abi_version(void) { return PLS_ABI_VERSION; }

@@ -5,22 +5,34 @@
 
 #include "llama.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 2
+#define PLS_ABI_VERSION 3
 
 struct pls_model {
     llama_model * model = nullptr;
     std::string   path;
     std::vector<ggml_backend_dev_t> devices;  // as requested (empty = all)
     int32_t       split_mode = LLAMA_SPLIT_MODE_LAYER;
+    std::atomic<int32_t> refs{1};             // the caller's reference plus one per session using it
 };
 
 namespace pls {
+
+// An error with the status code the C API reports for it (std::invalid_argument reports PLS_ERR_INVALID,
+// std::length_error PLS_ERR_CONTEXT).
+struct status_error : std::runtime_error {
+    int32_t code;
+    status_error(int32_t c, const std::string & m) : std::runtime_error(m), code(c) {}
+};
+[[noreturn]] inline void fail(int32_t code, const std::string & msg) { throw status_error(code, msg); }
 
 // one-time backend init and log routing; safe to call from every entry point
 void ensure_init();
@@ -30,6 +42,13 @@ std::string take_last_error();
 void clear_last_error();
 
 void set_err(char * err, size_t err_size, const std::string & msg);
+
+// reference counting of models: a session retains its models, pls_model_free releases the caller's share
+void model_retain(pls_model * m);
+void model_release(pls_model * m);
+
+// run fn, turning every exception into a status code and a message: no C++ exception crosses the C API
+int32_t guarded(char * err, size_t err_size, int32_t fallback, const std::function<int32_t()> & fn);
 
 // copy a std::string into a C buffer; returns length, or -(needed) when it does not fit
 int32_t copy_out(const std::string & s, char * buf, int32_t buf_size);

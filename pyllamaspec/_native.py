@@ -11,16 +11,20 @@ import ctypes
 import json
 import os
 import re
+import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 from cffi import FFI
 
-from .errors import BackendUnavailableError, BuildError
+from .errors import (BackendUnavailableError, BuildError, ConfigError, ContextOverflowError, GenerationError,
+                     MemoryBudgetError, ModelLoadError, PairingError, PlacementError, PyllamaspecError,
+                     SessionBusyError)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 HEADER = PACKAGE_DIR / "include" / "pyllamaspec.h"
-ABI_VERSION = 2  # must match PLS_ABI_VERSION in native/shim_common.h
+ABI_VERSION = 3  # must match PLS_ABI_VERSION in native/shim_common.h
 LIB_DIR_ENV = "PYLLAMASPEC_LIB_DIR"  # development: point at a build tree instead of the installed libs
 
 ROCM_LIBS = ("libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4")
@@ -95,6 +99,109 @@ def load():
         raise BuildError(f"native library ABI {got} does not match the Python binding ({ABI_VERSION}): "
                          f"rebuild with 'pip install .'")
     return ffi, lib
+
+
+@lru_cache(maxsize=1)
+def declarations() -> FFI:
+    """The header's declarations alone (no library): enum values can be read without loading anything."""
+    ffi = FFI()
+    ffi.cdef(cdef_source())
+    return ffi
+
+
+def enum_values(enum_type: str) -> dict[str, int]:
+    """{name: value} of an enum declared in the header, e.g. enum_values("enum pls_status")."""
+    return dict(declarations().typeof(enum_type).relements)
+
+
+# what each status code of the C API means on the Python side: one table for every call
+_STATUS_ERRORS = {
+    "PLS_ERR_CONTEXT": ContextOverflowError,
+    "PLS_ERR_INVALID": ConfigError,
+    "PLS_ERR_PAIRING": PairingError,
+    "PLS_ERR_PLACEMENT": PlacementError,
+    "PLS_ERR_LOAD": ModelLoadError,
+    "PLS_ERR_BUSY": SessionBusyError,
+    "PLS_ERR_DECODE": GenerationError,
+    "PLS_ERR_NO_TEMPLATE": ConfigError,
+    "PLS_ERR_TEMPLATE": ConfigError,
+    "PLS_ERR_MEMORY": MemoryBudgetError,
+}
+
+
+@lru_cache(maxsize=1)
+def _status_table() -> dict[int, type]:
+    names = enum_values("enum pls_status")
+    return {value: _STATUS_ERRORS[name] for name, value in names.items() if name in _STATUS_ERRORS}
+
+
+def check(rc: int, err: "ErrorBuffer | str", default: type[PyllamaspecError] = GenerationError) -> int:
+    """Raise the exception a negative status code stands for (PLS_ERR_INTERNAL: ``default``); return rc."""
+    if rc >= 0:
+        return rc
+    message = err if isinstance(err, str) else err.text
+    raise _status_table().get(rc, default)(message or f"native call failed with status {rc}")
+
+
+class NativeHandle:
+    """A native pointer that close() frees only once no call is using it. A call after close() raises; a
+    close() from inside a call on the same thread (a callback) is carried out when that call returns."""
+
+    def __init__(self, ptr, free, closed: PyllamaspecError) -> None:
+        self._ptr = ptr
+        self._free = free
+        self._closed = closed
+        self._cv = threading.Condition()
+        self._users: dict[int, int] = {}  # thread id -> nested calls
+        self._closing = False
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None or self._closing
+
+    @contextmanager
+    def use(self):
+        tid = threading.get_ident()
+        with self._cv:
+            if self._ptr is None or self._closing:
+                raise type(self._closed)(*self._closed.args)
+            self._users[tid] = self._users.get(tid, 0) + 1
+            ptr = self._ptr
+        try:
+            yield ptr
+        finally:
+            free = None
+            with self._cv:
+                self._users[tid] -= 1
+                if not self._users[tid]:
+                    del self._users[tid]
+                if not self._users:
+                    self._cv.notify_all()
+                    if self._closing and self._ptr is not None:
+                        free, self._ptr = self._ptr, None
+            if free is not None:
+                self._free(free)
+
+    def signal(self, fn) -> None:
+        """Call fn(ptr) now if the handle is open, without waiting for the calls in flight (e.g. a stop)."""
+        with self._cv:
+            if self._ptr is not None:
+                fn(self._ptr)
+
+    def close(self, before=None) -> None:
+        free = None
+        with self._cv:
+            if self._ptr is None or self._closing:
+                return
+            self._closing = True
+            if before is not None:
+                before(self._ptr)  # e.g. ask a running generation to stop
+            if self._users.get(threading.get_ident()):
+                return  # inside a call of this thread: freed when it returns
+            while self._users:
+                self._cv.wait()
+            free, self._ptr = self._ptr, None
+        self._free(free)
 
 
 class ErrorBuffer:

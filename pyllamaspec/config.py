@@ -7,6 +7,7 @@ depends on the loaded models (pairing, placement, ring size) and reports it the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -117,6 +118,13 @@ class SessionConfig:
     ngram_mod_n_max: int = 0
     margins: bool = False           # per-token target top-1/top-2 logit margin
     force_reject: bool = False      # reject every draft (cost of speculating at zero acceptance)
+    adaptive: bool = True           # choose the draft length per step and stream (0..n_max) from measured costs
+    draft_schedule: Sequence[int] | None = None  # adaptive off: a fixed cycle of draft lengths (0 = a plain step)
+    # synthetic acceptance, for speed measurement only (the output is not the model's): unconditional
+    # per-position acceptance rates (one per draft position, non-increasing) or a mean accepted length
+    synth_rates: Sequence[float] | None = None
+    synth_len: float | None = None
+    synth_seed: int = 1
 
     def __post_init__(self) -> None:
         if self.spec_types is not None:
@@ -138,6 +146,27 @@ class SessionConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.draft_schedule is not None:
+            sched = list(self.draft_schedule)
+            if not 1 <= len(sched) <= 16 or any(not isinstance(k, int) or not 0 <= k <= MAX_DRAFT for k in sched):
+                raise ConfigError(f"draft_schedule: 1..16 draft lengths within 0..{MAX_DRAFT}")
+            if self.adaptive:
+                raise ConfigError("draft_schedule fixes the draft lengths: use it with adaptive=False")
+            self.draft_schedule = tuple(sched)
+        if self.synth_rates is not None:
+            rates = [float(r) for r in self.synth_rates]
+            if not rates or len(rates) > MAX_DRAFT or any(not math.isfinite(r) or not 0.0 <= r <= 1.0 for r in rates):
+                raise ConfigError(f"synth_rates: 1..{MAX_DRAFT} acceptance rates within 0..1")
+            if any(b > a for a, b in zip(rates, rates[1:])):
+                raise ConfigError("synth_rates must not increase with position (they are unconditional rates)")
+            if self.synth_len is not None:
+                raise ConfigError("synthetic acceptance takes synth_rates or synth_len, not both")
+            self.synth_rates = tuple(rates)
+        if self.synth_len is not None and (not math.isfinite(self.synth_len) or not 1.0 <= self.synth_len <= self.n_max + 1):
+            raise ConfigError(f"synth_len={self.synth_len}: a mean accepted length within 1..n_max + 1 ({self.n_max + 1})")
+        if not 0 <= self.synth_seed <= 0xFFFFFFFF:
+            raise ConfigError(f"synth_seed={self.synth_seed} must fit in 32 bits")
+
         for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
             if getattr(self, name).lower() not in KV_CACHE_TYPES:
                 raise ConfigError(f"{name}='{getattr(self, name)}': use one of {', '.join(KV_CACHE_TYPES)}")
@@ -145,6 +174,11 @@ class SessionConfig:
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "
                               f"a verify batch holds the draft plus one token")
+
+    @property
+    def synthetic(self) -> bool:
+        """Synthetic acceptance: generated text is not the model's output (speed measurement only)."""
+        return self.synth_rates is not None or self.synth_len is not None
 
     def replace(self, **changes) -> "SessionConfig":
         values = {f.name: getattr(self, f.name) for f in fields(self)}

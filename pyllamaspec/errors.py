@@ -38,7 +38,11 @@ class ContextOverflowError(PyllamaspecError):
 
 
 class GenerationError(PyllamaspecError):
-    """The native loop failed while decoding."""
+    """The native loop failed while decoding, or the session cannot generate now (closed)."""
+
+
+class SessionBusyError(GenerationError):
+    """The session is generating (on another thread, or this call comes from inside its own callback)."""
 
 
 class ConversionError(PyllamaspecError):

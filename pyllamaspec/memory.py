@@ -43,10 +43,18 @@ class MemoryEstimate:
     devices: tuple[DeviceMemory, ...]
     drafter_approximate: bool  # a head-borrowing drafter is counted by its weights alone
 
-    def check(self, headroom: int = 512 * MiB) -> None:
-        """Raise MemoryBudgetError when a GPU would need more than it has free (minus headroom). Host memory is
-        reported, not enforced: mmap'ed weights need not be resident."""
+    def check(self, headroom: int = 512 * MiB, host_available: int | None = None) -> None:
+        """Raise MemoryBudgetError when a GPU would need more than it has free (minus headroom), or when host
+        memory cannot hold what must be resident there (KV cache and compute buffers; mmap'ed weights need
+        not be). host_available defaults to the system's MemAvailable."""
         short = [d for d in self.devices if not d.is_host and d.total and d.need + headroom > d.free]
+        host = host_available if host_available is not None else _host_available()
+        for d in self.devices:
+            if d.is_host and host and d.context + d.compute + headroom > host:
+                raise MemoryBudgetError(
+                    f"host memory: the KV cache and compute buffers need {(d.context + d.compute) / MiB:.0f} MiB "
+                    f"(KV+ring {d.context / MiB:.0f}, compute {d.compute / MiB:.0f}) but {host / MiB:.0f} MiB are "
+                    f"available. Lower n_ctx or n_parallel, or quantize the KV cache (-ctk/-ctv q8_0)")
         if short:
             lines = "; ".join(
                 f"{d.name} needs {d.need / MiB:.0f} MiB (weights {d.model / MiB:.0f}, KV+ring {d.context / MiB:.0f}, "
@@ -66,6 +74,18 @@ class MemoryEstimate:
         return "\n".join(rows)
 
 
+def _host_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def estimate_memory(target: str | os.PathLike, drafter: str | os.PathLike | None = None, *,
                     target_config: ModelConfig | None = None, drafter_config: ModelConfig | None = None,
                     session_config: SessionConfig | None = None) -> MemoryEstimate:
@@ -83,8 +103,7 @@ def estimate_memory(target: str | os.PathLike, drafter: str | os.PathLike | None
     sp = native_session_params(ffi, session_config)
     out = ffi.new("pls_memory_estimate *")
     err = _native.ErrorBuffer(ffi)
-    if lib.pls_estimate_memory(tp, dp, sp, out, err.buf, err.SIZE) != 0:
-        raise ModelLoadError(err.text)
+    _native.check(lib.pls_estimate_memory(tp, dp, sp, out, err.buf, err.SIZE), err, ModelLoadError)
     devices = tuple(
         DeviceMemory(name=ffi.string(d.name).decode(), free=d.free, total=d.total, model=d.model,
                      context=d.context, compute=d.compute)

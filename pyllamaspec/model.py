@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -77,8 +76,35 @@ def native_model_params(ffi, path: Path, config: ModelConfig):
     return p, keep
 
 
+def token_bytes(ffi, lib, handle, token: int, special: bool = False) -> bytes:
+    """Bytes of one token of the model behind a native handle (a partial UTF-8 sequence is possible)."""
+    buf = ffi.new("char[]", 256)
+    n = lib.pls_token_to_piece(handle, token, buf, 256, int(special))
+    if n < 0:
+        buf = ffi.new("char[]", -n)
+        n = lib.pls_token_to_piece(handle, token, buf, -n, int(special))
+    return bytes(ffi.buffer(buf, n))
+
+
+def tokenize(ffi, lib, handle, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    if not isinstance(text, str):
+        raise ConfigError(f"text to tokenize must be a str, not {type(text).__name__}")
+    data = text.encode("utf-8")
+    cap = len(data) + 16
+    for _ in range(2):
+        out = ffi.new("int32_t[]", cap)
+        n = lib.pls_tokenize(handle, data, len(data), out, cap, int(add_special), int(parse_special))
+        if n >= 0:
+            return list(out[0:n])
+        if n == -(2 ** 31):
+            break
+        cap = -n
+    raise ModelLoadError("tokenization failed")
+
+
 class Model:
-    """A GGUF loaded by llama.cpp. Thread-safe to share; free with close() or a with-block."""
+    """A GGUF loaded by llama.cpp. Safe to share between threads and sessions; free with close() or a
+    with-block. A session keeps the native model alive after close(): close() ends this object's use of it."""
 
     def __init__(self, path: str | os.PathLike, config: ModelConfig | None = None, **overrides) -> None:
         if config is not None and overrides:
@@ -91,11 +117,11 @@ class Model:
         ffi = self._ffi
         p, _keep = native_model_params(ffi, self.path, self.config)
         err = _native.ErrorBuffer(ffi)
-        handle = self._lib.pls_model_load(p, err.buf, err.SIZE)
-        if handle == ffi.NULL:
-            raise ModelLoadError(err.text)
-        self._handle = handle
-        self._lock = threading.Lock()
+        slot = ffi.new("pls_model **")
+        _native.check(self._lib.pls_model_load(p, slot, err.buf, err.SIZE), err, ModelLoadError)
+        handle = slot[0]
+        self._handle = _native.NativeHandle(handle, self._lib.pls_model_free,
+                                            ModelLoadError(f"model '{self.path}' was closed"))
         out = ffi.new("pls_model_info *")
         self._lib.pls_model_get_info(handle, out)
         self.info = ModelInfo(
@@ -112,16 +138,18 @@ class Model:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    def _use(self):
+        """The native model for the length of one call (close() waits for it)."""
+        return self._handle.use()
+
     @property
-    def handle(self):
-        if self._handle is None:
-            raise ModelLoadError(f"model '{self.path}' was closed")
-        return self._handle
+    def closed(self) -> bool:
+        return self._handle.closed
 
     def close(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            self._lib.pls_model_free(self._handle)
-            self._handle = None
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.close()
 
     def __enter__(self) -> "Model":
         return self
@@ -139,33 +167,25 @@ class Model:
 
     def meta(self, key: str) -> str | None:
         buf = self._ffi.new("char[]", 4096)
-        n = self._lib.pls_model_meta(self.handle, key.encode(), buf, 4096)
+        with self._use() as h:
+            n = self._lib.pls_model_meta(h, key.encode(), buf, 4096)
         return None if n < 0 else self._ffi.string(buf).decode("utf-8", "replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        for _ in range(2):
-            out = self._ffi.new("int32_t[]", cap)
-            n = self._lib.pls_tokenize(self.handle, data, len(data), out, cap, int(add_special), int(parse_special))
-            if n >= 0:
-                return list(out[0:n])
-            cap = -n
-        raise ModelLoadError("tokenization failed")
+        with self._use() as h:
+            return tokenize(self._ffi, self._lib, h, text, add_special, parse_special)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        buf = self._ffi.new("char[]", 256)
-        n = self._lib.pls_token_to_piece(self.handle, token, buf, 256, int(special))
-        if n < 0:
-            buf = self._ffi.new("char[]", -n)
-            n = self._lib.pls_token_to_piece(self.handle, token, buf, -n, int(special))
-        return bytes(self._ffi.buffer(buf, n))
+        with self._use() as h:
+            return token_bytes(self._ffi, self._lib, h, token, special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
-        return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")
+        with self._use() as h:
+            return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._lib.pls_token_is_eog(self.handle, token))
+        with self._use() as h:
+            return bool(self._lib.pls_token_is_eog(h, token))
 
     @property
     def chat_template(self) -> str | None:
@@ -183,8 +203,9 @@ class Model:
         cap = sum(len(m["content"]) for m in messages) * 2 + 512
         for _ in range(2):
             buf = ffi.new("char[]", cap)
-            n = self._lib.pls_chat_apply(self.handle, tmpl, r_arr, c_arr, len(messages), int(add_generation_prompt),
-                                         buf, cap)
+            with self._use() as h:
+                n = self._lib.pls_chat_apply(h, tmpl, r_arr, c_arr, len(messages), int(add_generation_prompt),
+                                             buf, cap)
             if n == -0x7fffffff:
                 raise ConfigError(f"'{self.path.name}' has no chat template; format the prompt yourself")
             if n == -0x7ffffffe:

@@ -10,19 +10,20 @@ target batch.
 from __future__ import annotations
 
 import codecs
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _native
 from .config import KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
-from .errors import (ConfigError, ContextOverflowError, GenerationError, PairingError, PlacementError,
-                     PyllamaspecError)
+from .errors import ConfigError, GenerationError, SessionBusyError
 from .ggufmeta import read_summary
-from .model import Model
+from .model import Model, token_bytes, tokenize
 from .pairing import require_pair
 
 FINISH_REASONS = {0: None, 1: "length", 2: "eog", 3: "stopped", 4: "context", 5: "error"}
 ROLLBACK_KINDS = {0: "none", 1: "kv", 2: "ring", 3: "checkpoint"}
+DRAFTER_KINDS = {0: "none", 1: "draft model", 2: "autoregressive", 3: "block", 4: "n-gram"}
 
 
 @dataclass
@@ -47,6 +48,12 @@ class Stats:
     t_rollback_ms: float = 0.0
     t_sample_ms: float = 0.0
     t_decode_ms: float = 0.0
+    t_process_ms: float = 0.0
+    k_histogram: list[int] = field(default_factory=list)  # stream-steps per draft length k (index 0: plain steps)
+    n_probes: int = 0
+    n_guard: int = 0
+    n_catchup: int = 0
+    est_plain_ms: float = 0.0         # what plain decoding would have taken for the same tokens (cost model)
 
     @property
     def acceptance(self) -> float:
@@ -62,6 +69,16 @@ class Stats:
         return self.n_generated / (self.t_decode_ms / 1000.0) if self.t_decode_ms > 0 else 0.0
 
     @property
+    def estimated_plain_tokens_per_second(self) -> float:
+        """Plain decoding's throughput for the same tokens at the same depths, from the costs measured in this run."""
+        return self.n_generated / (self.est_plain_ms / 1000.0) if self.est_plain_ms > 0 else 0.0
+
+    @property
+    def speedup_vs_plain(self) -> float:
+        """Estimated plain time over real time: > 1 when speculation bought speed."""
+        return self.est_plain_ms / self.t_decode_ms if self.t_decode_ms > 0 and self.est_plain_ms > 0 else 0.0
+
+    @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
@@ -74,7 +91,9 @@ class Stats:
         d = asdict(self)
         d.update(acceptance=self.acceptance, mean_accepted_length=self.mean_accepted_length,
                  tokens_per_second=self.tokens_per_second, acceptance_by_position=self.acceptance_by_position,
-                 rollback_paths=self.rollback_paths)
+                 rollback_paths=self.rollback_paths,
+                 estimated_plain_tokens_per_second=self.estimated_plain_tokens_per_second,
+                 speedup_vs_plain=self.speedup_vs_plain)
         return d
 
     @classmethod
@@ -88,7 +107,10 @@ class Stats:
             n_rollback_kv=s.n_rollback_kv, n_rollback_ring=s.n_rollback_ring,
             n_rollback_checkpoint=s.n_rollback_checkpoint, n_replayed=s.n_replayed,
             t_prefill_ms=s.t_prefill_ms, t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms,
-            t_rollback_ms=s.t_rollback_ms, t_sample_ms=s.t_sample_ms, t_decode_ms=s.t_decode_ms)
+            t_rollback_ms=s.t_rollback_ms, t_sample_ms=s.t_sample_ms, t_decode_ms=s.t_decode_ms,
+            t_process_ms=s.t_process_ms,
+            k_histogram=[s.k_hist[i] for i in range(max((i + 1 for i in range(MAX_DRAFT + 1) if s.k_hist[i]), default=0))],
+            n_probes=s.n_probes, n_guard=s.n_guard, n_catchup=s.n_catchup, est_plain_ms=s.est_plain_ms)
 
 
 @dataclass
@@ -122,14 +144,31 @@ class SessionInfo:
     target_layers: tuple[int, ...]
     target_head_device: str
     draft_device: str
+    adaptive: bool
+    synthetic: bool               # synthetic acceptance: the output is not the model's (speed measurement only)
+    drafter_kind: str             # how a draft is priced: draft model, autoregressive, block, n-gram
 
 
-def _error_for(message: str) -> PyllamaspecError:
-    if message.startswith("pairing:"):
-        return PairingError(message)
-    if message.startswith("placement:"):
-        return PlacementError(message)
-    return ConfigError(message)
+@dataclass(frozen=True)
+class AdaptiveInfo:
+    """What the draft-length controller has learnt so far: costs measured on this machine (ms) and
+    acceptance estimates. target_ms[i] is a target batch of i + 1 tokens at the last step's depth."""
+
+    enabled: bool
+    n_max: int
+    depth_bucket: int
+    target_ms: list[float]
+    draft_first_ms: float
+    draft_token_ms: float
+    draft_call_ms: float
+    catchup_token_ms: float
+    overhead_ms: float
+    hazards: list[float]          # P(draft position i accepted | the positions before it were)
+    plain_ms_per_token: float
+    last_k: list[int]             # the draft length chosen per stream in the last step
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def native_session_params(ffi, config: SessionConfig):
@@ -153,13 +192,27 @@ def native_session_params(ffi, config: SessionConfig):
     p.draft_backend_sampling = int(config.draft_backend_sampling)
     p.collect_margins = int(config.margins)
     p.force_reject = int(config.force_reject)
+    p.adaptive = int(config.adaptive)
+    schedule = list(config.draft_schedule or ())
+    p.n_k_schedule = len(schedule)
+    for i, k in enumerate(schedule):
+        p.k_schedule[i] = k
+    rates = list(config.synth_rates or ())
+    p.n_synth_rates = len(rates)
+    for i, r in enumerate(rates):
+        p.synth_rates[i] = r
+    p.synth_len = config.synth_len or 0.0
+    p.synth_seed = config.synth_seed
     return p
 
 
 class SpecSession:
     """A target (and optionally a drafter) with a context, sampler and speculative engine.
 
-    One generation at a time; reusable after a generation ends, is stopped, or fails.
+    One generation at a time; reusable after a generation ends, is stopped, or fails. Safe to use from
+    several threads: a second generation while one runs raises SessionBusyError; request_stop(), stats(),
+    info and close() may be called from any thread at any time (close() stops what runs, then frees).
+    The session keeps its models alive: closing a Model it uses does not disturb it.
     """
 
     def __init__(self, target: Model, drafter: Model | None = None, config: SessionConfig | None = None,
@@ -167,6 +220,8 @@ class SpecSession:
         if config is not None and overrides:
             raise ConfigError("pass either a SessionConfig or keyword settings, not both")
         config = config or SessionConfig(**overrides)
+        if not isinstance(target, Model) or (drafter is not None and not isinstance(drafter, Model)):
+            raise ConfigError("target (and drafter) must be pyllamaspec.Model objects")
         if drafter is not None:
             # every pairing problem at once, named, before the native side allocates a context
             report = require_pair(read_summary(target.path), read_summary(drafter.path), config.spec_types, config.n_max)
@@ -181,20 +236,33 @@ class SpecSession:
         ffi = self._ffi
         p = native_session_params(ffi, config)
         err = _native.ErrorBuffer(ffi)
-        handle = self._lib.pls_session_open(target.handle, drafter.handle if drafter else ffi.NULL, p,
-                                            err.buf, err.SIZE)
-        if handle == ffi.NULL:
-            raise _error_for(err.text)
-        self._handle = handle
+        slot = ffi.new("pls_session **")
+        with target._use() as t_ptr:
+            if drafter is not None:
+                with drafter._use() as d_ptr:
+                    rc = self._lib.pls_session_open(t_ptr, d_ptr, p, slot, err.buf, err.SIZE)
+            else:
+                rc = self._lib.pls_session_open(t_ptr, ffi.NULL, p, slot, err.buf, err.SIZE)
+            _native.check(rc, err, ConfigError)
+            # the session holds the model natively from here on: text helpers use it through the session
+            self._model_ptr = t_ptr
+        self._handle = _native.NativeHandle(slot[0], self._lib.pls_session_close,
+                                            GenerationError("the session was closed"))
+        self._state = threading.Lock()   # guards _busy and stop requests against claim/release
         self._busy = False
         self.info = self._read_info()
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            self._lib.pls_session_close(self._handle)
-            self._handle = None
+        """Stop a generation in flight (any thread), wait for it to end, free the session."""
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.close(before=self._lib.pls_request_stop)
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
 
     def __enter__(self) -> "SpecSession":
         return self
@@ -203,18 +271,16 @@ class SpecSession:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            raise GenerationError("the session was closed")
-        return self._handle
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def _read_info(self) -> SessionInfo:
         ffi = self._ffi
         o = ffi.new("pls_session_info *")
-        self._lib.pls_session_get_info(self._handle, o)
+        with self._handle.use() as h:
+            self._lib.pls_session_get_info(h, o)
         return SessionInfo(
             spec_types=tuple(SPEC_TYPES[o.spec_types[i]] for i in range(o.n_spec_types) if o.spec_types[i] != 0),
             n_max_requested=o.n_max_requested, n_max_effective=o.n_max_effective, block_size=o.block_size,
@@ -223,12 +289,21 @@ class SpecSession:
             n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, n_parallel=o.n_parallel,
             target_layers=tuple(o.target_layers[i] for i in range(o.n_target_layers)),
             target_head_device=ffi.string(o.target_head_device).decode(),
-            draft_device=ffi.string(o.draft_device).decode())
+            draft_device=ffi.string(o.draft_device).decode(), adaptive=bool(o.adaptive), synthetic=bool(o.synthetic),
+            drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"))
 
     # -- text helpers ------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.target.tokenize(text, add_special=add_special)
+        with self._handle.use():  # the session keeps the target's native model alive
+            return tokenize(self._ffi, self._lib, self._model_ptr, text, add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def _token_bytes(self, token: int) -> bytes:
+        with self._handle.use():
+            return token_bytes(self._ffi, self._lib, self._model_ptr, token)
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         return self.target.apply_chat_template(messages, add_generation_prompt)
@@ -236,63 +311,97 @@ class SpecSession:
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt)
-        tokens = list(prompt)
-        if not all(isinstance(t, int) for t in tokens):
-            raise ConfigError("a prompt is a string or a sequence of token ids")
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise ConfigError("a prompt is a str or a sequence of token ids, not bytes: decode it first")
+        try:
+            tokens = list(prompt)
+        except TypeError:
+            raise ConfigError(f"a prompt is a str or a sequence of token ids, not {type(prompt).__name__}") from None
+        if not tokens:
+            raise ConfigError("the prompt is empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise ConfigError("a prompt is a str or a sequence of token ids (ints)")
+        if any(t < 0 or t >= 2 ** 31 for t in tokens):
+            raise ConfigError("token ids must be within the vocabulary (0 <= id < n_vocab)")
         return tokens
+
+    @staticmethod
+    def _check_n_predict(n_predict) -> None:
+        if not isinstance(n_predict, int) or isinstance(n_predict, bool) or not 0 <= n_predict < 2 ** 31:
+            raise ConfigError(f"n_predict must be an int >= 0, not {n_predict!r}")
 
     # -- stats -------------------------------------------------------------------------------
 
     def stats(self) -> Stats:
+        """The counters as of the last completed step (any thread, also while generating)."""
         s = self._ffi.new("pls_stats *")
-        self._lib.pls_get_stats(self.handle, s)
+        with self._handle.use() as h:
+            self._lib.pls_get_stats(h, s)
         return Stats.from_native(s)
+
+    def adaptive_info(self) -> AdaptiveInfo:
+        """What the draft-length controller has learnt (costs, acceptance), as of the last step."""
+        o = self._ffi.new("pls_adaptive_info *")
+        with self._handle.use() as h:
+            self._lib.pls_get_adaptive_info(h, o)
+        return AdaptiveInfo(
+            enabled=bool(o.enabled), n_max=o.n_max, depth_bucket=o.depth_bucket,
+            target_ms=list(o.target_ms[0:o.n_target_points]), draft_first_ms=o.draft_first_ms,
+            draft_token_ms=o.draft_token_ms, draft_call_ms=o.draft_call_ms, catchup_token_ms=o.catchup_token_ms,
+            overhead_ms=o.overhead_ms, hazards=list(o.hazard[0:o.n_hazard]), plain_ms_per_token=o.plain_ms_per_token,
+            last_k=list(o.last_k[0:o.n_streams]))
 
     def stream_stats(self, index: int) -> Stats:
         """Counters of one stream of the last generation. Streams share every step, so the timings (and with
         them tokens_per_second) are the session's wall times: a stream's share of the joint throughput."""
         s = self._ffi.new("pls_stats *")
-        if self._lib.pls_get_stream_stats(self.handle, index, s) != 0:
-            raise ConfigError(f"no stream {index} in the last generation")
         shared = self._ffi.new("pls_stats *")
-        self._lib.pls_get_stats(self.handle, shared)
-        for name in ("t_prefill_ms", "t_draft_ms", "t_verify_ms", "t_rollback_ms", "t_sample_ms", "t_decode_ms"):
+        with self._handle.use() as h:
+            if self._lib.pls_get_stream_stats(h, index, s) != 0:
+                raise ConfigError(f"no stream {index} in the last generation")
+            self._lib.pls_get_stats(h, shared)
+        for name in ("t_prefill_ms", "t_draft_ms", "t_verify_ms", "t_rollback_ms", "t_sample_ms", "t_decode_ms",
+                     "t_process_ms", "est_plain_ms"):
             setattr(s, name, getattr(shared, name))
         return Stats.from_native(s)
 
     def reset_stats(self) -> None:
-        self._lib.pls_reset_stats(self.handle)
+        with self._handle.use() as h:
+            self._lib.pls_reset_stats(h)
 
     def request_stop(self) -> None:
-        """Thread-safe: ends the running generation after the step in flight."""
-        if self._handle is not None:
-            self._lib.pls_request_stop(self._handle)
+        """Any thread: end the generation that runs now (or is about to begin) after the step in flight.
+        With no generation running it does nothing."""
+        with self._state:
+            if self._busy:
+                self._handle.signal(self._lib.pls_request_stop)
 
     # -- generation --------------------------------------------------------------------------
 
     def _claim(self) -> None:
-        if self._busy:
-            raise GenerationError("this session is already generating; run several prompts together with "
-                                  "generate_batch (n_parallel), or open another session")
-        self._busy = True
+        with self._state:
+            if self._handle.closed:
+                raise GenerationError("the session was closed")
+            if self._busy:
+                raise SessionBusyError("this session is already generating; run several prompts together with "
+                                       "generate_batch (n_parallel), or open another session")
+            self._busy = True
+
+    def _release(self) -> None:
+        with self._state:
+            self._busy = False
+            # a stop that arrived after the generation's last step must not stop the next one
+            self._handle.signal(self._lib.pls_clear_stop)
 
     @staticmethod
     def _raise_native(rc: int, err) -> None:
-        if rc == -2:
-            raise ContextOverflowError(err.text.removeprefix("context: "))
-        if rc == -3:
-            raise ConfigError(err.text)
-        if rc < 0:
-            raise GenerationError(err.text)
+        _native.check(rc, err, GenerationError)
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *, reset_stats: bool = True,
                  on_tokens: Callable[[list[int]], bool | None] | None = None) -> GenerationResult:
         """Run the whole loop natively. on_tokens(tokens) per verify step may return True to stop."""
         tokens = self._prompt_tokens(prompt)
-        if n_predict < 0:
-            raise ConfigError("n_predict must be >= 0")
-        if reset_stats:
-            self.reset_stats()
+        self._check_n_predict(n_predict)
         ffi = self._ffi
         out_tokens: list[int] = []
         out_margins: list[float] = []
@@ -316,15 +425,20 @@ class SpecSession:
         err = _native.ErrorBuffer(ffi)
         self._claim()
         try:
-            rc = self._lib.pls_generate(self.handle, prompt_arr, len(tokens), n_predict, cb, ffi.NULL,
-                                        err.buf, err.SIZE)
+            with self._handle.use() as h:
+                if reset_stats:
+                    self._lib.pls_reset_stats(h)
+                rc = self._lib.pls_generate(h, prompt_arr, len(tokens), n_predict, cb, ffi.NULL, err.buf, err.SIZE)
+                text = b"".join(token_bytes(ffi, self._lib, self._model_ptr, t) for t in out_tokens)
+                stats = ffi.new("pls_stats *")
+                self._lib.pls_get_stats(h, stats)
         finally:
-            self._busy = False
+            self._release()
         if pending:
             raise pending[0]
         self._raise_native(rc, err)
-        return GenerationResult(text=self.target.detokenize(out_tokens), tokens=out_tokens, margins=out_margins,
-                                finish_reason=FINISH_REASONS[rc], stats=self.stats())
+        return GenerationResult(text=text.decode("utf-8", "replace"), tokens=out_tokens, margins=out_margins,
+                                finish_reason=FINISH_REASONS[rc], stats=Stats.from_native(stats))
 
     def stream(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                reset_stats: bool = True) -> Iterator[str]:
@@ -341,26 +455,29 @@ class SpecSession:
                       reset_stats: bool = True) -> Iterator[tuple[str, list[int]]]:
         """Like stream(), also yielding the token ids of each verify step."""
         tokens = self._prompt_tokens(prompt)
-        if reset_stats:
-            self.reset_stats()
+        self._check_n_predict(n_predict)
         ffi = self._ffi
         err = _native.ErrorBuffer(ffi)
         self._claim()
         try:
-            rc = self._lib.pls_begin(self.handle, ffi.new("int32_t[]", tokens), len(tokens), n_predict,
-                                     err.buf, err.SIZE)
+            with self._handle.use() as h:
+                if reset_stats:
+                    self._lib.pls_reset_stats(h)
+                rc = self._lib.pls_begin(h, ffi.new("int32_t[]", tokens), len(tokens), n_predict, err.buf, err.SIZE)
             self._raise_native(rc, err)
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
             buf = ffi.new("int32_t[]", MAX_DRAFT + 1)
             finish = ffi.new("int32_t *")
             try:
                 while True:
-                    n = self._lib.pls_step(self.handle, buf, ffi.NULL, MAX_DRAFT + 1, finish, err.buf, err.SIZE)
-                    if n < 0:
-                        raise GenerationError(err.text)
-                    if n:
+                    # each step holds the session only while it runs: close() from another thread between
+                    # steps frees it, and the next step raises instead of touching freed memory
+                    with self._handle.use() as h:
+                        n = self._lib.pls_step(h, buf, ffi.NULL, MAX_DRAFT + 1, finish, err.buf, err.SIZE)
+                        self._raise_native(n, err)
                         toks = list(buf[0:n])
-                        data = b"".join(self.target.token_bytes(t) for t in toks)
+                        data = b"".join(token_bytes(ffi, self._lib, self._model_ptr, t) for t in toks)
+                    if n:
                         yield decoder.decode(data), toks
                     if finish[0] != 0:
                         tail = decoder.decode(b"", final=True)
@@ -368,13 +485,14 @@ class SpecSession:
                             yield tail, []
                         return
             finally:
-                if finish[0] == 0:  # closed early (break, exception, Ctrl-C): end the native generation
-                    self._lib.pls_request_stop(self.handle)
-                    while finish[0] == 0 and self._lib.pls_step(self.handle, buf, ffi.NULL, MAX_DRAFT + 1, finish,
-                                                                err.buf, err.SIZE) > 0:
-                        pass
+                if finish[0] == 0 and not self._handle.closed:  # closed early (break, exception, Ctrl-C)
+                    with self._handle.use() as h:
+                        self._lib.pls_request_stop(h)
+                        while finish[0] == 0 and self._lib.pls_step(h, buf, ffi.NULL, MAX_DRAFT + 1, finish,
+                                                                    err.buf, err.SIZE) > 0:
+                            pass
         finally:
-            self._busy = False
+            self._release()
 
     def score_margins(self, prompt: str | Sequence[int], continuation: Sequence[int], chunk: int = 1) -> list[float]:
         """The target's top-1 minus top-2 logit margin at each token of ``continuation`` after ``prompt``,
@@ -388,12 +506,17 @@ class SpecSession:
         ffi = self._ffi
         out = ffi.new("float[]", len(cont))
         err = _native.ErrorBuffer(ffi)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 31 for t in cont):
+            raise ConfigError("a continuation is a sequence of token ids (ints within the vocabulary)")
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or not -2 ** 31 <= chunk < 2 ** 31:
+            raise ConfigError(f"chunk must be an int (a batch size), not {chunk!r}")
         self._claim()
         try:
-            rc = self._lib.pls_score_margins(self.handle, ffi.new("int32_t[]", tokens), len(tokens),
-                                             ffi.new("int32_t[]", cont), len(cont), chunk, out, err.buf, err.SIZE)
+            with self._handle.use() as h:
+                rc = self._lib.pls_score_margins(h, ffi.new("int32_t[]", tokens), len(tokens),
+                                                 ffi.new("int32_t[]", cont), len(cont), chunk, out, err.buf, err.SIZE)
         finally:
-            self._busy = False
+            self._release()
         self._raise_native(rc, err)
         return list(out)
 
@@ -410,10 +533,7 @@ class SpecSession:
         if not 1 <= n <= self.info.n_parallel:
             raise ConfigError(f"{n} prompts for a session of n_parallel={self.info.n_parallel}; open the session "
                               f"with n_parallel >= {max(n, 1)}")
-        if n_predict < 0:
-            raise ConfigError("n_predict must be >= 0")
-        if reset_stats:
-            self.reset_stats()
+        self._check_n_predict(n_predict)
         ffi = self._ffi
         err = _native.ErrorBuffer(ffi)
         cap = MAX_DRAFT + 1
@@ -421,7 +541,10 @@ class SpecSession:
         lengths = ffi.new("int32_t[]", [len(toks) for toks in token_lists])
         self._claim()
         try:
-            rc = self._lib.pls_begin_streams(self.handle, flat, lengths, n, n_predict, err.buf, err.SIZE)
+            with self._handle.use() as h:
+                if reset_stats:
+                    self._lib.pls_reset_stats(h)
+                rc = self._lib.pls_begin_streams(h, flat, lengths, n, n_predict, err.buf, err.SIZE)
             self._raise_native(rc, err)
             buf = ffi.new("int32_t[]", n * cap)
             margins = ffi.new("float[]", n * cap) if self.config.margins else ffi.NULL
@@ -431,9 +554,9 @@ class SpecSession:
             left = n
             try:
                 while left > 0:
-                    left = self._lib.pls_step_streams(self.handle, buf, margins, cap, counts, finish, err.buf, err.SIZE)
-                    if left < 0:
-                        raise GenerationError(err.text)
+                    with self._handle.use() as h:
+                        left = self._lib.pls_step_streams(h, buf, margins, cap, counts, finish, err.buf, err.SIZE)
+                    self._raise_native(left, err)
                     for i in range(n):
                         done = finish[i] != 0 and not reported[i]
                         if counts[i] or done:
@@ -442,13 +565,13 @@ class SpecSession:
                             mrg = list(margins[i * cap:i * cap + counts[i]]) if margins != ffi.NULL else []
                             yield i, toks, mrg, FINISH_REASONS[finish[i]] if done else None
             finally:
-                if left > 0:  # closed early: end the native generation of every stream
-                    self._lib.pls_request_stop(self.handle)
-                    while self._lib.pls_step_streams(self.handle, buf, margins, cap, counts, finish,
-                                                      err.buf, err.SIZE) > 0:
-                        pass
+                if left > 0 and not self._handle.closed:  # closed early: end the native generation of every stream
+                    with self._handle.use() as h:
+                        self._lib.pls_request_stop(h)
+                        while self._lib.pls_step_streams(h, buf, margins, cap, counts, finish, err.buf, err.SIZE) > 0:
+                            pass
         finally:
-            self._busy = False
+            self._release()
 
     def stream_batch(self, prompts: Sequence[str | Sequence[int]], n_predict: int = 128, *,
                      reset_stats: bool = True) -> Iterator[tuple[int, str]]:
@@ -459,7 +582,7 @@ class SpecSession:
         try:
             for i, toks, _margins, reason in steps:
                 dec = decoders.setdefault(i, codecs.getincrementaldecoder("utf-8")("replace"))
-                piece = dec.decode(b"".join(self.target.token_bytes(t) for t in toks), final=reason is not None)
+                piece = dec.decode(b"".join(self._token_bytes(t) for t in toks), final=reason is not None)
                 if piece:
                     yield i, piece
         finally:
@@ -478,7 +601,7 @@ class SpecSession:
             margins.setdefault(i, []).extend(mrg)
             if reason is not None:
                 reasons[i] = reason
-        return [GenerationResult(text=self.target.detokenize(tokens.get(i, [])), tokens=tokens.get(i, []),
+        return [GenerationResult(text=self.detokenize(tokens.get(i, [])), tokens=tokens.get(i, []),
                                  margins=margins.get(i, []), finish_reason=reasons.get(i, "error"),
                                  stats=self.stream_stats(i))
                 for i in range(len(prompts))]

@@ -120,7 +120,7 @@ def test_drafter_converted_against_a_directory_runs_exactly(tmp_path, dense_pair
                                        mask_token_id=info.n_vocab - 1, dtype="f32", seed=11, block_size=16)
         drafter_path = cv.convert_dflash(ckpt, hf, tmp_path / "drafter.gguf", outtype="f32")
         ref = plain(target)
-        with Model(drafter_path) as drafter, SpecSession(target, drafter, SessionConfig(n_max=7, n_ctx=512)) as s:
+        with Model(drafter_path) as drafter, SpecSession(target, drafter, SessionConfig(adaptive=False, n_max=7, n_ctx=512)) as s:
             r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert r.stats.n_drafted > 0

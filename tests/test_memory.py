@@ -17,20 +17,20 @@ def total_need(estimate: MemoryEstimate) -> DeviceMemory:
 
 def test_context_and_ring_are_counted(hybrid_pair):
     target, _ = hybrid_pair
-    small = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
-    large = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=8192)))
+    small = total_need(estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types=[], n_ctx=256)))
+    large = total_need(estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types=[], n_ctx=8192)))
     assert small.model > 0 and large.context > small.context  # KV grows with the context
-    no_ring = total_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+    no_ring = total_need(estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=16,
                                                                              n_rs_seq=0, n_ctx=256)))
-    ring = total_need(estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=16,
+    ring = total_need(estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=16,
                                                                           n_rs_seq=16, n_ctx=256)))
     assert ring.context > no_ring.context  # 16 snapshot planes of recurrent state
 
 
 def test_drafter_weights_are_counted(dense_pair):
     target, drafter = dense_pair
-    alone = total_need(estimate_memory(target, session_config=SessionConfig(spec_types=[], n_ctx=256)))
-    both = total_need(estimate_memory(target, drafter, session_config=SessionConfig(spec_types="draft-simple",
+    alone = total_need(estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types=[], n_ctx=256)))
+    both = total_need(estimate_memory(target, drafter, session_config=SessionConfig(adaptive=False, spec_types="draft-simple",
                                                                                    n_ctx=256)))
     assert both.need > alone.need
 
@@ -50,6 +50,6 @@ def test_a_gpu_short_of_memory_is_refused_with_numbers():
 def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):
     target, _ = dense_pair
     # a micro-batch too small for a 16-deep ring is fine on a target without recurrent state, as in a session
-    e = estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=7, n_rs_seq=16,
+    e = estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=7, n_rs_seq=16,
                                                              n_ubatch=8, n_batch=8, n_ctx=256))
     assert total_need(e).context > 0

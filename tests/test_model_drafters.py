@@ -39,7 +39,7 @@ def dflash_setup(request, tmp_path_factory):
 def test_dflash_v1_is_exact(dflash_setup, n_max):
     kind, target, d1, _, ref = dflash_setup
     assert d1.info.arch == "dflash" and d1.info.dflash_block_size == 16 and not d1.info.is_dflash2
-    with SpecSession(target, d1, SessionConfig(n_max=n_max, n_ctx=512)) as s:
+    with SpecSession(target, d1, SessionConfig(adaptive=False, n_max=n_max, n_ctx=512)) as s:
         assert s.info.spec_types == ("draft-dflash",)  # detected from the GGUF
         assert s.info.n_max_effective == n_max
         if kind == "hybrid":
@@ -54,7 +54,7 @@ def test_dflash_v1_is_exact(dflash_setup, n_max):
 def test_dflash2_is_exact_and_clamped_to_its_block(dflash_setup, n_max):
     kind, target, _, d2, ref = dflash_setup
     assert d2.info.is_dflash2 and d2.info.dflash_block_size == 8
-    with SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", n_max=n_max, n_ctx=512)) as s:
+    with SpecSession(target, d2, SessionConfig(adaptive=False, spec_types="draft-dflash", n_max=n_max, n_ctx=512)) as s:
         assert s.info.is_dflash2 and s.info.block_size == 8
         assert s.info.n_max_effective == min(n_max, 7)
         if kind == "hybrid":  # the ring follows the clamped length, not the request
@@ -64,9 +64,31 @@ def test_dflash2_is_exact_and_clamped_to_its_block(dflash_setup, n_max):
     assert_stats_consistent(r.stats)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_dflash_with_adaptive_lengths_is_exact(dflash_setup, version):
+    kind, target, d1, d2, ref = dflash_setup
+    with SpecSession(target, d1 if version == 1 else d2, SessionConfig(n_max=15, n_ctx=512)) as s:
+        assert s.info.adaptive and s.info.drafter_kind == "block"
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert sum(r.stats.k_histogram) == r.stats.n_steps
+
+
+@pytest.mark.parametrize("schedule", [(0, 3, 0, 7), (1, 0, 0, 0, 5)])
+def test_dflash_with_plain_steps_between_blocks_is_exact(dflash_setup, schedule):
+    # the drafter reads every target batch, plain ones included, so it is in step when drafting resumes
+    kind, target, d1, _, ref = dflash_setup
+    cfg = SessionConfig(adaptive=False, n_max=7, n_ctx=512, draft_schedule=schedule)
+    with SpecSession(target, d1, cfg) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert r.stats.k_histogram[0] > 0 and r.stats.n_drafted > 0
+
+
 def test_dflash_rejected_drafts_roll_back_on_the_ring(dflash_setup):
     kind, target, d1, _, ref = dflash_setup
-    with SpecSession(target, d1, SessionConfig(n_max=7, n_ctx=512, force_reject=True)) as s:
+    with SpecSession(target, d1, SessionConfig(adaptive=False, n_max=7, n_ctx=512, force_reject=True)) as s:
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
     expected = "ring" if kind == "hybrid" else "kv"
@@ -82,7 +104,7 @@ def test_dflash_with_wrong_hidden_size_is_refused(tmp_path_factory, dense_pair):
     drafter = make_dflash(tmp_path_factory, wide_target, 128, (0,), version=1, block_size=16)
     with Model(target_path) as target, Model(drafter) as d:
         with pytest.raises(PairingError, match="n_embd: target has 64, drafter has 128"):
-            SpecSession(target, d, SessionConfig(n_ctx=512))
+            SpecSession(target, d, SessionConfig(adaptive=False, n_ctx=512))
 
 
 @pytest.mark.parametrize("n_max", [1, 3, 7, 15])
@@ -90,7 +112,7 @@ def test_mtp_is_exact_on_a_hybrid_target(mtp_target, n_max):
     with Model(mtp_target) as target:
         assert target.info.n_layer_nextn == 1
         ref = plain(target)
-        with SpecSession(target, None, SessionConfig(spec_types="draft-mtp", n_max=n_max, n_ctx=512)) as s:
+        with SpecSession(target, None, SessionConfig(adaptive=False, spec_types="draft-mtp", n_max=n_max, n_ctx=512)) as s:
             assert s.info.rollback_target == "ring" and s.info.n_rs_seq == min(n_max, 16)
             r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
@@ -112,7 +134,7 @@ def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
     with Model(target_path) as target, Model(drafter_path) as drafter:
         assert drafter.info.arch == "eagle3" and drafter.info.target_layers == layers and n_layer >= max(layers)
         ref = plain(target)
-        with SpecSession(target, drafter, SessionConfig(spec_types="draft-eagle3", n_max=n_max, n_ctx=512)) as s:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types="draft-eagle3", n_max=n_max, n_ctx=512)) as s:
             if kind == "hybrid":
                 assert s.info.rollback_target == "ring" and s.info.n_rs_seq == min(n_max, 16)
             r = s.generate(PROMPT, N_PREDICT)
@@ -140,7 +162,7 @@ def test_dspark_is_exact_and_predicts_the_anchor_slot(dspark_setup, n_max):
     kind, target, dspark, _, _, ref = dspark_setup
     from pyllamaspec.ggufmeta import read_summary
     assert read_summary(dspark.path).role == "dspark" and dspark.info.dflash_block_size == 8
-    with SpecSession(target, dspark, SessionConfig(n_max=n_max, n_ctx=512)) as s:
+    with SpecSession(target, dspark, SessionConfig(adaptive=False, n_max=n_max, n_ctx=512)) as s:
         assert s.info.spec_types == ("draft-dspark",)  # detected from the Markov head
         assert s.info.n_max_effective == min(n_max, 8)  # the whole block predicts, the anchor slot included
         if kind == "hybrid":
@@ -153,7 +175,7 @@ def test_dspark_is_exact_and_predicts_the_anchor_slot(dspark_setup, n_max):
 
 def test_dspark_bonus_anchor_block_drafts_one_less(dspark_setup):
     _, target, _, bonus, _, ref = dspark_setup
-    with SpecSession(target, bonus, SessionConfig(n_max=15, n_ctx=512)) as s:
+    with SpecSession(target, bonus, SessionConfig(adaptive=False, n_max=15, n_ctx=512)) as s:
         assert s.info.n_max_effective == 7  # [anchor, 7 predictions]
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
@@ -163,7 +185,7 @@ def test_dspark_p_min_needs_a_confidence_head(dspark_setup):
     from pyllamaspec.errors import ConfigError
     _, target, dspark, _, with_conf, ref = dspark_setup
     with pytest.raises(ConfigError, match="no confidence head"):
-        SpecSession(target, dspark, SessionConfig(n_max=7, n_ctx=512, p_min=0.5))
-    with SpecSession(target, with_conf, SessionConfig(n_max=7, n_ctx=512, p_min=0.5)) as s:
+        SpecSession(target, dspark, SessionConfig(adaptive=False, n_max=7, n_ctx=512, p_min=0.5))
+    with SpecSession(target, with_conf, SessionConfig(adaptive=False, n_max=7, n_ctx=512, p_min=0.5)) as s:
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)

@@ -42,7 +42,7 @@ def test_q8_to_q4_shrinks_and_still_runs(q8_pair):
     assert r["bytes_out"] < 0.75 * r["bytes_in"]
     assert read_summary(out).file_type == "Q4_0"
     with Model(out) as target, Model(d32) as drafter:
-        with SpecSession(target, drafter, SessionConfig(spec_types="draft-simple", n_max=4, n_ctx=256)) as s:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types="draft-simple", n_max=4, n_ctx=256)) as s:
             res = s.generate(PROMPT, 16)
     assert len(res.tokens) == 16 and res.stats.n_drafted > 0
 
@@ -81,7 +81,7 @@ def test_dflash2_drafter_keeps_its_selector_at_full_precision(tmp_path, dense_pa
         assert tensors[name][1] == "F16", f"{name} was quantized to {tensors[name][1]}"
     assert tensors["blk.0.attn_q.weight"][1] == "Q4_0"
     with Model(target_path) as target, Model(q4) as drafter:
-        with SpecSession(target, drafter, SessionConfig(n_max=7, n_ctx=256)) as s:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, n_max=7, n_ctx=256)) as s:
             assert s.info.is_dflash2
             assert len(s.generate(PROMPT, 16).tokens) == 16
 

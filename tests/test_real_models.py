@@ -50,7 +50,7 @@ def _batch_shape_noise(forced, ref) -> float:
 def test_real_pair_reproduces_plain_greedy(models, content, spec_type, n_max):
     target, drafter = models
     prompt = _prompt(target, PROMPTS[content])
-    base = SessionConfig(n_ctx=1024, n_threads=2, margins=True)
+    base = SessionConfig(adaptive=False, n_ctx=1024, n_threads=2, margins=True)
     with SpecSession(target, None, base.replace(spec_types=[])) as s:
         ref = s.generate(prompt, N_PREDICT)
     cfg = base.replace(spec_types=[spec_type], n_max=n_max, ngram_size_n=3, ngram_size_m=8)

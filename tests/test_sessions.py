@@ -8,7 +8,7 @@ import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession, synth
 from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadError, PairingError,
-                                PyllamaspecError)
+                                PlacementError, PyllamaspecError)
 
 N_PREDICT = 48
 NEAR_TIE = 1e-3  # logit units: batch-shape kernel differences are ~1e-5 relative
@@ -16,7 +16,7 @@ PROMPT = [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7]
 
 
 def plain(target: Model, n_predict: int = N_PREDICT, prompt=PROMPT, **cfg):
-    with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=512, **cfg)) as s:
+    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], margins=True, n_ctx=512, **cfg)) as s:
         return s.generate(prompt, n_predict)
 
 
@@ -72,7 +72,7 @@ SPEC_TYPES = ["draft-simple", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram
 def test_greedy_equivalence(request, kind, spec_type, n_max):
     target, drafter, ref = request.getfixturevalue(kind)
     use_drafter = drafter if spec_type == "draft-simple" else None
-    cfg = SessionConfig(spec_types=[spec_type], n_max=n_max, n_ctx=512, ngram_size_n=2, ngram_size_m=8,
+    cfg = SessionConfig(adaptive=False, spec_types=[spec_type], n_max=n_max, n_ctx=512, ngram_size_n=2, ngram_size_m=8,
                         ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=n_max)
     with SpecSession(target, use_drafter, cfg) as s:
         r = s.generate(PROMPT, N_PREDICT)
@@ -83,9 +83,56 @@ def test_greedy_equivalence(request, kind, spec_type, n_max):
         assert r.stats.n_drafted > 0 and r.stats.n_accepted > 0, "the perturbed drafter should agree often"
 
 
+# cycles of draft lengths with plain steps between drafts: the draft model falls behind and catches up
+SCHEDULES = [(0, 3, 0, 0, 5, 1), (7, 0), (1, 2, 3, 0, 0, 0, 0, 0, 4), (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6)]
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "-".join(map(str, s)))
+def test_varying_draft_lengths_with_plain_steps_stay_exact(request, kind, schedule):
+    target, drafter, ref = request.getfixturevalue(kind)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ctx=512, draft_schedule=schedule)
+    with SpecSession(target, drafter, cfg) as s:
+        r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    st = r.stats
+    assert st.n_drafted > 0 and st.n_accepted > 0
+    assert st.k_histogram[0] > 0                      # plain steps happened
+    assert sum(st.k_histogram) == st.n_steps          # one draft length per step
+    assert st.n_catchup > 0                           # and the draft model caught up after them
+    assert max(i for i, n in enumerate(st.k_histogram) if n) <= max(schedule)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("spec_type", ["draft-simple", "ngram-mod"])
+def test_adaptive_draft_lengths_are_exact(request, kind, spec_type):
+    target, drafter, ref = request.getfixturevalue(kind)
+    cfg = SessionConfig(spec_types=[spec_type], n_max=8, n_ctx=512, ngram_mod_n_match=2, ngram_mod_n_min=1,
+                        ngram_mod_n_max=8)
+    assert cfg.adaptive  # the default
+    with SpecSession(target, drafter if spec_type == "draft-simple" else None, cfg) as s:
+        assert s.info.adaptive
+        r = s.generate(PROMPT, N_PREDICT)
+        info = s.adaptive_info()
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    assert sum(r.stats.k_histogram) == r.stats.n_steps
+    assert r.stats.k_histogram[0] >= 1                # it measured plain decoding at least once
+    assert info.enabled and info.target_ms[0] > 0 and len(info.hazards) == 8
+    assert r.stats.est_plain_ms > 0 and r.stats.estimated_plain_tokens_per_second > 0
+
+
+def test_a_schedule_needs_adaptive_off():
+    with pytest.raises(ConfigError, match="adaptive=False"):
+        SessionConfig(spec_types=["draft-simple"], draft_schedule=(1, 2))
+    with pytest.raises(ConfigError, match="draft_schedule"):
+        SessionConfig(adaptive=False, spec_types=["draft-simple"], draft_schedule=(1, -2))
+
+
 def test_hybrid_uses_the_snapshot_ring(hybrid):
     target, drafter, ref = hybrid
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
         assert s.info.n_rs_seq == 7 and s.info.rollback_target == "ring" and s.info.ring_bytes > 0
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
@@ -94,7 +141,7 @@ def test_hybrid_uses_the_snapshot_ring(hybrid):
 
 def test_hybrid_without_ring_uses_checkpoint_replay(hybrid):
     target, drafter, ref = hybrid
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512,
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ctx=512,
                                                     n_rs_seq=0)) as s:
         assert s.info.n_rs_seq == 0 and s.info.rollback_target == "checkpoint"
         r = s.generate(PROMPT, N_PREDICT)
@@ -105,7 +152,7 @@ def test_hybrid_without_ring_uses_checkpoint_replay(hybrid):
 
 def test_draft_longer_than_ring_falls_back_to_checkpoint(hybrid):
     target, drafter, ref = hybrid
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512,
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ctx=512,
                                                     n_rs_seq=2)) as s:
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
@@ -114,7 +161,7 @@ def test_draft_longer_than_ring_falls_back_to_checkpoint(hybrid):
 
 def test_dense_rolls_back_the_kv_cache(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ctx=512)) as s:
         assert s.info.rollback_target == "kv" and s.info.n_rs_seq == 0
         r = s.generate(PROMPT, N_PREDICT)
     assert r.stats.n_rollback_kv > 0 and r.stats.rollback_paths == ["kv"]
@@ -123,7 +170,7 @@ def test_dense_rolls_back_the_kv_cache(dense):
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_forced_rejection_keeps_output_and_accepts_nothing(request, kind):
     target, drafter, ref = request.getfixturevalue(kind)
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=4, n_ctx=512, force_reject=True)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=512, force_reject=True)
     with SpecSession(target, drafter, cfg) as s:
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
@@ -133,7 +180,7 @@ def test_forced_rejection_keeps_output_and_accepts_nothing(request, kind):
 
 def test_stream_matches_generate_and_stats_accumulate(dense):
     target, drafter, ref = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
         pieces = list(s.stream(PROMPT, N_PREDICT))
         assert "".join(pieces) == target.detokenize(ref.tokens)
         first = s.stats()
@@ -144,7 +191,7 @@ def test_stream_matches_generate_and_stats_accumulate(dense):
 def test_callback_stop_and_session_reuse(dense):
     target, drafter, ref = dense
     seen = []
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=3, n_ctx=512)) as s:
         r = s.generate(PROMPT, N_PREDICT, on_tokens=lambda toks: seen.extend(toks) or len(seen) >= 5)
         assert r.finish_reason == "stopped" and 5 <= len(r.tokens) < N_PREDICT
         assert r.tokens == ref.tokens[:len(r.tokens)] == seen
@@ -154,7 +201,7 @@ def test_callback_stop_and_session_reuse(dense):
 
 def test_exception_in_callback_propagates_and_session_survives(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=512)) as s:
         def boom(_):
             raise KeyboardInterrupt
         with pytest.raises(KeyboardInterrupt):
@@ -164,7 +211,7 @@ def test_exception_in_callback_propagates_and_session_survives(dense):
 
 def test_request_stop_from_another_thread(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=2048)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=2048)) as s:
         started = threading.Event()
 
         def on_tokens(_):
@@ -179,7 +226,7 @@ def test_request_stop_from_another_thread(dense):
 
 def test_closing_a_stream_early_ends_generation(dense):
     target, drafter, ref = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=512)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=512)) as s:
         it = s.stream(PROMPT, N_PREDICT)
         next(it)
         it.close()
@@ -188,7 +235,7 @@ def test_closing_a_stream_early_ends_generation(dense):
 
 def test_context_full_ends_generation(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=32)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=32)) as s:
         n_ctx = s.info.n_ctx  # llama.cpp may round the context up
         r = s.generate(PROMPT, 2 * n_ctx)
         assert r.finish_reason == "context" and n_ctx - 2 <= len(PROMPT) + len(r.tokens) <= n_ctx
@@ -220,12 +267,12 @@ def test_drafter_for_another_vocab_is_refused(tmp_path, dense):
     target, _, _ = dense
     other = synth.write_target(tmp_path / "other-vocab.gguf", synth.TargetShape(arch="qwen3", n_vocab=128), seed=2)
     with Model(other) as d, pytest.raises(PairingError, match="vocab"):
-        SpecSession(target, d, SessionConfig(spec_types=["draft-simple"], n_ctx=512))
+        SpecSession(target, d, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=512))
 
 
 def test_prompt_longer_than_context(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=64)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=64)) as s:
         too_long = [1 + i % 500 for i in range(s.info.n_ctx + 1)]
         with pytest.raises(ContextOverflowError, match="n_ctx"):
             s.generate(too_long, 4)
@@ -234,48 +281,48 @@ def test_prompt_longer_than_context(dense):
 
 def test_prompt_token_outside_vocab(dense):
     target, _, _ = dense
-    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64)) as s:
+    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], n_ctx=64)) as s:
         with pytest.raises(PyllamaspecError, match="outside the vocab"):
             s.generate([1, 2, 10_000_000], 4)
 
 
 def test_ubatch_too_small_for_the_draft():
     with pytest.raises(ConfigError, match="n_ubatch"):
-        SessionConfig(spec_types=["draft-simple"], n_max=16, n_ubatch=8, n_batch=8)
+        SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=16, n_ubatch=8, n_batch=8)
 
 
 def test_ring_must_fit_one_micro_batch(hybrid):
     target, drafter, _ = hybrid
     with pytest.raises(ConfigError, match="n_rs_seq"):
-        SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=7, n_ubatch=8, n_batch=8,
+        SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=7, n_ubatch=8, n_batch=8,
                                                    n_ctx=512))
 
 
 def test_unknown_device_is_refused(dense_pair):
-    with pytest.raises(ModelLoadError, match="unknown device 'CUDA7'"):
+    with pytest.raises(PlacementError, match="unknown device 'CUDA7'"):
         Model(dense_pair[0], devices=["CUDA7"])
 
 
 def test_drafter_type_without_drafter(dense):
     target, _, _ = dense
     with pytest.raises(ConfigError, match="needs a drafter"):
-        SpecSession(target, None, SessionConfig(spec_types=["draft-simple"], n_ctx=512))
+        SpecSession(target, None, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=512))
 
 
 def test_mtp_without_heads_is_refused(dense):
     target, _, _ = dense
     with pytest.raises(ConfigError, match="MTP"):
-        SpecSession(target, None, SessionConfig(spec_types=["draft-mtp"], n_ctx=512))
+        SpecSession(target, None, SessionConfig(adaptive=False, spec_types=["draft-mtp"], n_ctx=512))
 
 
 def test_unknown_spec_type():
     with pytest.raises(ConfigError, match="unknown speculative type"):
-        SessionConfig(spec_types="draft-magic")
+        SessionConfig(adaptive=False, spec_types="draft-magic")
 
 
 def test_score_margins_reproduces_plain_margins_and_measures_batch_shape_noise(dense):
     target, _, ref = dense
-    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=512, n_max=7)) as s:
+    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], n_ctx=512, n_max=7)) as s:
         single = s.score_margins(PROMPT, ref.tokens, chunk=1)
         batched = s.score_margins(PROMPT, ref.tokens, chunk=8)
         assert s.stats().n_generated == 0 and s.stats().n_prompt == 0  # scoring is not generation

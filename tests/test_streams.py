@@ -59,7 +59,7 @@ def assert_totals_are_stream_sums(session, results):
 @pytest.mark.parametrize("n_max", [1, 3, 7])
 def test_draft_model_streams_are_exact(request, kind, n_max):
     target, drafter, refs = request.getfixturevalue(kind)
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=n_max, n_ctx=N_CTX, n_parallel=3)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=n_max, n_ctx=N_CTX, n_parallel=3)
     with SpecSession(target, drafter, cfg) as s:
         assert s.info.n_parallel == 3
         results = s.generate_batch(PROMPTS, N_PREDICT)
@@ -73,7 +73,7 @@ def test_draft_model_streams_are_exact(request, kind, n_max):
 
 def test_hybrid_streams_replay_from_checkpoints(hybrid):
     target, drafter, refs = hybrid
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=5, n_ctx=N_CTX, n_parallel=3, n_rs_seq=0)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=5, n_ctx=N_CTX, n_parallel=3, n_rs_seq=0)
     with SpecSession(target, drafter, cfg) as s:
         assert s.info.rollback_target == "checkpoint"
         results = s.generate_batch(PROMPTS, N_PREDICT)
@@ -86,7 +86,7 @@ def test_hybrid_streams_replay_from_checkpoints(hybrid):
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_ngram_streams_are_exact(request, kind):
     target, _, refs = request.getfixturevalue(kind)
-    cfg = SessionConfig(spec_types=["ngram-map-k"], n_max=4, n_ctx=N_CTX, n_parallel=3, ngram_size_n=2,
+    cfg = SessionConfig(adaptive=False, spec_types=["ngram-map-k"], n_max=4, n_ctx=N_CTX, n_parallel=3, ngram_size_n=2,
                         ngram_size_m=8)
     with SpecSession(target, None, cfg) as s:
         assert_streams_exact(s.generate_batch(PROMPTS, N_PREDICT), refs)
@@ -94,7 +94,7 @@ def test_ngram_streams_are_exact(request, kind):
 
 def test_plain_streams_match_single_stream_runs(dense):
     target, _, refs = dense
-    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=N_CTX, n_parallel=3, margins=True)) as s:
+    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], n_ctx=N_CTX, n_parallel=3, margins=True)) as s:
         results = s.generate_batch(PROMPTS, N_PREDICT)
     assert_streams_exact(results, refs)
     assert all(len(r.margins) == N_PREDICT for r in results)
@@ -102,7 +102,7 @@ def test_plain_streams_match_single_stream_runs(dense):
 
 def test_fewer_prompts_than_streams_and_session_reuse(dense):
     target, drafter, refs = dense
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=3, n_ctx=N_CTX, n_parallel=3)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=3, n_ctx=N_CTX, n_parallel=3)
     with SpecSession(target, drafter, cfg) as s:
         two = s.generate_batch(PROMPTS[1:], N_PREDICT)
         one = s.generate(PROMPTS[0], N_PREDICT)
@@ -120,7 +120,7 @@ def test_dflash_streams_are_exact(request, tmp_path_factory, kind, version):
     drafter_path = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=version, **extra)
     with Model(target_path) as target, Model(drafter_path) as drafter:
         refs = [plain(target, prompt=p) for p in PROMPTS]
-        with SpecSession(target, drafter, SessionConfig(n_max=7, n_ctx=N_CTX, n_parallel=3)) as s:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, n_max=7, n_ctx=N_CTX, n_parallel=3)) as s:
             results = s.generate_batch(PROMPTS, N_PREDICT)
             assert_totals_are_stream_sums(s, results)
     assert_streams_exact(results, refs)
@@ -130,7 +130,7 @@ def test_dflash_streams_are_exact(request, tmp_path_factory, kind, version):
 def test_mtp_streams_are_exact(mtp_target):
     with Model(mtp_target) as target:
         refs = [plain(target, prompt=p) for p in PROMPTS]
-        with SpecSession(target, None, SessionConfig(spec_types="draft-mtp", n_max=3, n_ctx=N_CTX,
+        with SpecSession(target, None, SessionConfig(adaptive=False, spec_types="draft-mtp", n_max=3, n_ctx=N_CTX,
                                                      n_parallel=3)) as s:
             results = s.generate_batch(PROMPTS, N_PREDICT)
     assert_streams_exact(results, refs)
@@ -139,7 +139,7 @@ def test_mtp_streams_are_exact(mtp_target):
 
 def test_stream_batch_yields_every_streams_text(dense):
     target, drafter, _ = dense
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=4, n_ctx=N_CTX, n_parallel=3)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=N_CTX, n_parallel=3)
     with SpecSession(target, drafter, cfg) as s:
         texts = ["", "", ""]
         seen = set()
@@ -153,7 +153,7 @@ def test_stream_batch_yields_every_streams_text(dense):
 
 def test_closing_a_batch_stream_stops_every_stream(dense):
     target, drafter, refs = dense
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=4, n_ctx=N_CTX, n_parallel=3)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=N_CTX, n_parallel=3)
     with SpecSession(target, drafter, cfg) as s:
         it = s.stream_batch_tokens(PROMPTS, N_PREDICT)
         next(it)
@@ -165,7 +165,7 @@ def test_closing_a_batch_stream_stops_every_stream(dense):
 
 def test_more_prompts_than_streams_is_refused(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=N_CTX, n_parallel=2)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=N_CTX, n_parallel=2)) as s:
         with pytest.raises(ConfigError, match="3 prompts for a session of n_parallel=2"):
             s.generate_batch(PROMPTS, 8)
         with pytest.raises(ConfigError, match="list of prompts"):
@@ -174,21 +174,21 @@ def test_more_prompts_than_streams_is_refused(dense):
 
 def test_each_stream_gets_its_share_of_the_context(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=1024, n_parallel=4)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=1024, n_parallel=4)) as s:
         with pytest.raises(ContextOverflowError, match=r"prompt 1: .*holds 256 per stream \(n_ctx / n_parallel\)"):
             s.generate_batch([[1, 2, 3], [5] * 300], 8)
 
 
 def test_bad_token_names_its_prompt(dense):
     target, drafter, _ = dense
-    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_ctx=N_CTX, n_parallel=2)) as s:
+    with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types=["draft-simple"], n_ctx=N_CTX, n_parallel=2)) as s:
         with pytest.raises(ConfigError, match="prompt 1: prompt token 99999 at position 2 is outside the vocab"):
             s.generate_batch([[1, 2, 3], [1, 2, 99999]], 8)
 
 
 def test_verify_batch_must_hold_every_stream(dense):
     target, drafter, _ = dense
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=15, n_ctx=N_CTX, n_parallel=8, n_batch=64, n_ubatch=64)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=15, n_ctx=N_CTX, n_parallel=8, n_batch=64, n_ubatch=64)
     with pytest.raises(ConfigError, match=r"n_batch=64 must be at least n_parallel x \(n_max \+ 1\) = 128"):
         SpecSession(target, drafter, cfg)
 
@@ -197,7 +197,7 @@ def test_block_drafter_needs_every_block_in_one_micro_batch(tmp_path_factory, de
     target_path, _ = dense_pair
     drafter_path = make_dflash(tmp_path_factory, target_path, 64, (0,), version=1, block_size=16)
     with Model(target_path) as target, Model(drafter_path) as drafter:
-        cfg = SessionConfig(n_max=15, n_ctx=N_CTX, n_parallel=4, n_ubatch=32)
+        cfg = SessionConfig(adaptive=False, n_max=15, n_ctx=N_CTX, n_parallel=4, n_ubatch=32)
         with pytest.raises(ConfigError, match=r"n_ubatch=32 must be at least n_parallel x \(n_max \+ 1\) = 64"):
             SpecSession(target, drafter, cfg)
 
@@ -232,7 +232,7 @@ def test_dspark_streams_are_exact(tmp_path_factory, hybrid_pair):
     dspark = synth.write_dspark_drafter(tmp_path_factory.mktemp("dspark") / "dspark.gguf", base)
     with Model(target_path) as target, Model(dspark) as drafter:
         refs = [plain(target, prompt=p) for p in PROMPTS]
-        with SpecSession(target, drafter, SessionConfig(n_max=8, n_ctx=N_CTX, n_parallel=3)) as s:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, n_max=8, n_ctx=N_CTX, n_parallel=3)) as s:
             assert s.info.spec_types == ("draft-dspark",)
             results = s.generate_batch(PROMPTS, N_PREDICT)
     assert_streams_exact(results, refs)
@@ -241,6 +241,6 @@ def test_dspark_streams_are_exact(tmp_path_factory, hybrid_pair):
 
 def test_context_too_small_for_every_streams_verify_batch(dense):
     target, drafter, _ = dense
-    cfg = SessionConfig(spec_types=["draft-simple"], n_max=15, n_ctx=256, n_parallel=32, n_batch=2048, n_ubatch=512)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=15, n_ctx=256, n_parallel=32, n_batch=2048, n_ubatch=512)
     with pytest.raises(ConfigError, match=r"n_ctx=256 caps the batch at 256 tokens, below n_parallel x \(n_max \+ 1\) = 512"):
         SpecSession(target, drafter, cfg)

@@ -3,8 +3,14 @@
  *
  * The one source of truth for the binding: Python (cffi, ABI mode) reads the declarations between
  * the PLS_CDEF_BEGIN / PLS_CDEF_END markers verbatim, so that region holds plain C only (no macros,
- * no includes). Every type is POD. Fallible calls return NULL or a negative value and write a
- * message into (err, err_size).
+ * no includes). Every type is POD. Fallible calls return a pls_status (PLS_OK or a negative code) and
+ * write a message into (err, err_size); the code alone says what kind of problem it is. No call lets a
+ * C++ exception escape, and bad files or arguments are refused before upstream could assert on them.
+ *
+ * Ownership and threads: a session keeps its models alive (pls_model_free only drops the caller's
+ * reference). One call at a time may use a session: a second concurrent call returns PLS_ERR_BUSY instead
+ * of racing; pls_request_stop, pls_get_stats and pls_session_get_info may be called from any thread at
+ * any time. Models are read-only after loading and may be used from several threads at once.
  */
 #ifndef PYLLAMASPEC_H
 #define PYLLAMASPEC_H
@@ -22,6 +28,23 @@ extern "C" {
 
 typedef struct pls_model pls_model;
 typedef struct pls_session pls_session;
+
+/* ---- status codes ------------------------------------------------------------------------ */
+
+typedef enum pls_status {
+    PLS_OK = 0,
+    PLS_ERR_INTERNAL = -1,          /* unexpected failure inside llama.cpp or the shim */
+    PLS_ERR_CONTEXT = -2,           /* the prompt (or prompt and continuation) does not fit the context */
+    PLS_ERR_INVALID = -3,           /* an argument or setting is out of range or contradicts another */
+    PLS_ERR_PAIRING = -4,           /* the drafter cannot work with this target */
+    PLS_ERR_PLACEMENT = -5,         /* the requested device placement cannot work */
+    PLS_ERR_LOAD = -6,              /* a model file is missing, not GGUF, truncated, corrupt or unsupported */
+    PLS_ERR_BUSY = -7,              /* another call is using this session right now */
+    PLS_ERR_DECODE = -8,            /* llama.cpp failed while decoding */
+    PLS_ERR_NO_TEMPLATE = -9,       /* the model has no chat template */
+    PLS_ERR_TEMPLATE = -10,         /* the chat template cannot be applied */
+    PLS_ERR_MEMORY = -11            /* an allocation failed (host or device memory) */
+} pls_status;
 
 /* ---- library ---------------------------------------------------------------------------- */
 
@@ -81,7 +104,9 @@ typedef struct pls_model_info {
     char     head_device[64];        /* device holding output.weight; "CPU" for host memory */
 } pls_model_info;
 
-pls_model * pls_model_load(const pls_model_params * params, char * err, size_t err_size);
+/* On PLS_OK, *out holds a model with one reference (the caller's). */
+int32_t     pls_model_load(const pls_model_params * params, pls_model ** out, char * err, size_t err_size);
+/* Drops the caller's reference: the model is freed once no session holds it either. */
 void        pls_model_free(pls_model * model);
 int32_t     pls_model_get_info(const pls_model * model, pls_model_info * out);
 /* Scalar metadata value as text; returns its length or -1 when absent. */
@@ -158,6 +183,20 @@ typedef struct pls_session_params {
     /* measurement */
     int32_t  collect_margins;       /* per generated token: target top-1 minus top-2 logit */
     int32_t  force_reject;          /* treat every draft token as rejected (zero-acceptance cost) */
+    /* draft length: adaptive = 1 chooses k in 0..n_max every step and stream from measured costs and
+     * acceptance (k = 0 decodes plainly); adaptive = 0 drafts n_max every step */
+    int32_t  adaptive;
+    /* adaptive = 0 with n_k_schedule > 0: step i drafts k_schedule[i % n_k_schedule] tokens (capped by n_max and the
+     * context), 0 meaning a plain step - a fixed cycle of draft lengths for tests and benchmarks */
+    int32_t  n_k_schedule;
+    int32_t  k_schedule[16];
+    /* synthetic acceptance (speed measurement only: the output is NOT the model's): draft position i is
+     * accepted with unconditional probability synth_rates[i] (n_synth_rates values, non-increasing), or with
+     * a geometric profile whose mean accepted length (the target's token included) is synth_len (> 0) */
+    int32_t  n_synth_rates;
+    float    synth_rates[64];
+    float    synth_len;
+    uint32_t synth_seed;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -179,7 +218,21 @@ typedef struct pls_session_info {
     int32_t target_layers[16];
     char    target_head_device[64];
     char    draft_device[64];
+    int32_t adaptive;
+    int32_t synthetic;              /* synthetic acceptance: output is not the model's */
+    int32_t drafter_kind;           /* PLS_DRAFTER_*: how the controller prices a draft */
 } pls_session_info;
+
+/* How a speculative source is priced: a draft model run by the shim token by token (k = 0 skips it
+ * entirely and it catches up later), an upstream drafter that runs per token, one that drafts a whole
+ * block in one pass, or an n-gram lookup. The last three see every target batch (process) at any k. */
+enum {
+    PLS_DRAFTER_NONE = 0,
+    PLS_DRAFTER_MODEL = 1,
+    PLS_DRAFTER_AUTOREGRESSIVE = 2,
+    PLS_DRAFTER_BLOCK = 3,
+    PLS_DRAFTER_NGRAM = 4
+};
 
 typedef struct pls_stats {
     int64_t n_prompt;
@@ -200,7 +253,34 @@ typedef struct pls_stats {
     double  t_rollback_ms;
     double  t_sample_ms;
     double  t_decode_ms;            /* wall time of the generation loop after prefill */
+    /* draft length control */
+    int64_t k_hist[65];             /* stream-steps that verified a draft of k tokens (k_hist[0]: plain steps) */
+    int64_t n_probes;               /* drafts made while speculation was off, to notice content that drafts well */
+    int64_t n_guard;                /* times the ledger turned speculation off (realised speed behind plain) */
+    int64_t n_catchup;              /* tokens a draft model caught up after steps without drafting */
+    double  t_process_ms;           /* drafters that read the target's hidden states, after each target batch */
+    double  est_plain_ms;           /* estimated time plain decoding would have taken for these tokens */
 } pls_stats;
+
+/* What the draft-length controller has learnt (costs measured on this machine, acceptance estimates). */
+typedef struct pls_adaptive_info {
+    int32_t enabled;
+    int32_t n_max;
+    int32_t depth_bucket;           /* context depth bucket of the last step: [0, 512), [512, 1k), [1k, 2k), ... */
+    int32_t n_target_points;        /* target_ms[i] is the fitted cost of a target batch of i + 1 tokens */
+    double  target_ms[65];
+    double  draft_first_ms;         /* a draft model's first decode of a step (one stream, nothing to catch up) */
+    double  draft_token_ms;         /* each further drafted token (one stream) */
+    double  draft_call_ms;          /* one call of a drafter that drafts its whole length at once */
+    double  catchup_token_ms;       /* per token a draft model catches up */
+    int32_t catchup_limit;          /* a draft model further behind restarts from this many recent tokens */
+    double  overhead_ms;            /* per step, neither drafting nor the target batch */
+    double  hazard[64];             /* P(position i accepted | positions before it were), pooled over streams */
+    int32_t n_hazard;
+    double  plain_ms_per_token;     /* estimated plain decoding cost at the current depth */
+    int32_t last_k[64];             /* the draft length chosen for each stream in the last step */
+    int32_t n_streams;
+} pls_adaptive_info;
 
 enum {
     PLS_FINISH_NONE = 0,            /* still generating */
@@ -215,19 +295,21 @@ enum {
  * Return non-zero to stop. */
 typedef int32_t (*pls_emit_cb)(void * user_data, const int32_t * tokens, const float * margins, int32_t n_tokens);
 
-pls_session * pls_session_open(pls_model * target, pls_model * drafter, const pls_session_params * params,
-                               char * err, size_t err_size);
-void          pls_session_close(pls_session * session);
+/* On PLS_OK, *out holds the session; it holds a reference to target and drafter until it is closed. */
+int32_t       pls_session_open(pls_model * target, pls_model * drafter, const pls_session_params * params,
+                               pls_session ** out, char * err, size_t err_size);
+/* Stops what runs and frees the session once no call uses it; PLS_ERR_BUSY (nothing freed) when called
+ * from inside the session's own callback. */
+int32_t       pls_session_close(pls_session * session);
 int32_t       pls_session_get_info(const pls_session * session, pls_session_info * out);
 
-/* Push style: the whole loop in native code. Returns a PLS_FINISH_* value, or -1 on error. */
+/* Push style: the whole loop in native code. Returns a PLS_FINISH_* value, or a negative pls_status. */
 int32_t pls_generate(pls_session * session, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
                      pls_emit_cb callback, void * user_data, char * err, size_t err_size);
 
-/* Pull style: begin, then step until it reports a finish reason. begin returns 0, -2 when the prompt does
- * not fit the context, -3 for an invalid prompt, -1 for other errors (pls_generate returns the same before it
- * starts). step returns the number of tokens written (0 at the end), or -1 on error; *finish receives PLS_FINISH_*.
- * Error messages of session open start with "pairing:" or "placement:" for those kinds of problem. */
+/* Pull style: begin, then step until it reports a finish reason. begin returns a pls_status (PLS_ERR_CONTEXT
+ * when the prompt does not fit, PLS_ERR_INVALID for an invalid prompt). step returns the number of tokens
+ * written (0 at the end), or a negative pls_status; *finish receives PLS_FINISH_*. */
 int32_t pls_begin(pls_session * session, const int32_t * prompt, int32_t n_prompt, int32_t n_predict,
                   char * err, size_t err_size);
 int32_t pls_step(pls_session * session, int32_t * tokens, float * margins, int32_t capacity, int32_t * finish,
@@ -238,28 +320,67 @@ int32_t pls_step(pls_session * session, int32_t * tokens, float * margins, int32
  * positions. begin_streams returns like pls_begin. step_streams runs one verify step for every active stream and
  * writes stream i's committed tokens (and margins, may be NULL) at row i of tokens[n_streams][capacity], their
  * count to n_tokens[i] and its PLS_FINISH_* to finish[i]; a stream may commit nothing in a step (a checkpoint
- * replay). Returns the number of streams still generating (0: all done), or -1 on error. */
+ * replay). Returns the number of streams still generating (0: all done), or a negative pls_status. */
 int32_t pls_begin_streams(pls_session * session, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams,
                           int32_t n_predict, char * err, size_t err_size);
 int32_t pls_step_streams(pls_session * session, int32_t * tokens, float * margins, int32_t capacity,
                          int32_t * n_tokens, int32_t * finish, char * err, size_t err_size);
 /* Counters of one stream of the last begin (timings stay in the session's stats: streams share each step).
- * Returns 0, or -1 for a stream that does not exist. */
+ * Returns PLS_OK, or PLS_ERR_INVALID for a stream that does not exist. */
 int32_t pls_get_stream_stats(const pls_session * session, int32_t stream, pls_stats * out);
 
 /* Teacher-forced margins: the target's top-1 minus top-2 logit at every position of continuation, decoded after
  * the prompt in batches of `chunk` tokens (chunk 1 is plain decoding's shape, n_max + 1 a verify batch's). Writes
  * n_cont margins: margins[i] is the margin of the logits that predict continuation[i]. Comparing two chunk sizes
  * measures how far the target's margins move with batch shape alone. Clears the session's generation.
- * Returns 0, -2 if it does not fit the context, -3 for invalid input, -1 on error. */
+ * Returns a pls_status. */
 int32_t pls_score_margins(pls_session * session, const int32_t * prompt, int32_t n_prompt, const int32_t * continuation,
                           int32_t n_cont, int32_t chunk, float * margins, char * err, size_t err_size);
 
-/* Thread-safe: ends the current generation after the step in flight. */
+/* Any thread: ends the current generation after the step in flight, or the next one to begin if none runs
+ * yet; pls_clear_stop withdraws a request that nothing has consumed. */
 void pls_request_stop(pls_session * session);
+void pls_clear_stop(pls_session * session);
 
+/* Any thread: the counters as of the last completed step. reset_stats zeroes them (a generation in flight
+ * continues counting from zero). */
 void pls_get_stats(const pls_session * session, pls_stats * out);
 void pls_reset_stats(pls_session * session);
+int32_t pls_get_adaptive_info(const pls_session * session, pls_adaptive_info * out);
+
+/* The draft-length controller alone, for tests and simulations: no models, an injected clock. Costs and
+ * acceptance are what observe() is told. choose() writes the draft length per stream (caps[i] bounds it). */
+typedef struct pls_controller pls_controller;
+typedef struct pls_controller_params {
+    int32_t n_max;
+    int32_t n_streams;
+    int32_t drafter_kind;           /* PLS_DRAFTER_* */
+    int32_t adaptive;
+    uint32_t seed;
+} pls_controller_params;
+typedef struct pls_step_observation {
+    int32_t n_streams;
+    const int32_t * k;              /* draft length chosen per stream (0: none) */
+    const int32_t * n_drafted;      /* what the drafter delivered (<= k) */
+    const int32_t * n_accepted;
+    const int32_t * n_catchup;      /* tokens the draft model caught up for this stream before drafting */
+    const int32_t * depth;          /* context depth of each stream */
+    const int32_t * active;         /* stream took part in the step */
+    double  t_draft_first_ms;       /* the draft model's first decode (catch-up included) */
+    double  t_draft_rest_ms;        /* its further decodes */
+    int32_t n_draft_iters;          /* how many further decodes */
+    double  t_draft_call_ms;        /* an upstream drafter's call (autoregressive, block or n-gram) */
+    double  t_target_ms;            /* the target batch (and process of hidden-state drafters), sampled */
+    double  t_step_ms;              /* the whole step */
+} pls_step_observation;
+int32_t pls_controller_new(const pls_controller_params * params, pls_controller ** out, char * err, size_t err_size);
+void    pls_controller_free(pls_controller * c);
+/* pending (may be NULL): tokens each stream's draft model would have to catch up first */
+int32_t pls_controller_choose(pls_controller * c, const int32_t * caps, const int32_t * depth, const int32_t * active,
+                              const int32_t * pending, int32_t * k_out);
+int32_t pls_controller_observe(pls_controller * c, const pls_step_observation * obs);
+int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out);
+int32_t pls_controller_stats(const pls_controller * c, pls_stats * out);
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
@@ -279,14 +400,14 @@ typedef struct pls_memory_estimate {
 } pls_memory_estimate;
 
 /* What a session of these models and settings would allocate on each device, measured by upstream's loader
- * without allocating anything. drafter may be NULL. Returns 0, or -1 with a message. */
+ * without allocating anything. drafter may be NULL. Returns a pls_status. */
 int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_params * drafter,
                             const pls_session_params * params, pls_memory_estimate * out, char * err, size_t err_size);
 
 /* ---- tools ------------------------------------------------------------------------------- */
 
 /* Requantize a GGUF through upstream's quantizer. ftype: a llama_ftype value. tensor_types:
- * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. Returns 0 or -1. */
+ * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. Returns a pls_status. */
 int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype, int32_t n_threads,
                      int32_t allow_requantize, const char * tensor_types, char * err, size_t err_size);
 /* Name of a llama_ftype value (e.g. "Q4_0"); empty when unknown. */

@@ -1,0 +1,638 @@
+#include "adaptive.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace pls {
+
+namespace {
+
+constexpr double EMA = 0.25;               // weight of a new cost observation
+constexpr double HAZARD_DECAY = 0.93;      // per draft of a stream: ~15 drafts of memory
+constexpr double POOL_DECAY = 0.97;
+constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimistic, so speculation gets tried
+constexpr double PRIOR_WEIGHT = 2.0;
+constexpr double POSITION_WEIGHT = 4.0;
+constexpr double PROBE_BUDGET = 0.02;      // probes may cost this share of plain decoding
+constexpr int32_t PROBE_K = 1;
+constexpr int32_t GAP_MIN = 4;
+constexpr int32_t GAP_MAX = 4096;
+constexpr int32_t LEDGER_STEPS = 48;       // speculative steps judged together
+constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the window (1 / sqrt(tokens))
+constexpr int32_t PLAIN_REFRESH = 128;     // a plain step at least this often while speculating
+constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
+constexpr double CATCHUP_PLAIN_STEPS = 8.0;  // one catch-up of a draft model costs at most about this many plain steps
+
+}  // namespace
+
+// ---- cost_table --------------------------------------------------------------------------------
+
+int cost_table::bucket_of(int32_t depth) {
+    int b = 0;
+    for (int32_t d = 512; depth >= d && b < N_BUCKETS - 1; d *= 2) {
+        ++b;
+    }
+    return b;
+}
+
+void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
+    if (!(ms >= 0.0) || !std::isfinite(ms) || n_tokens < 1) {
+        return;
+    }
+    n_tokens = std::min(n_tokens, MAX_T);
+    bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
+    bucket_data & b = b_[bucket];
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
+    const size_t i = it - b.keys.begin();
+    if (it == b.keys.end() || *it != n_tokens) {
+        b.keys.insert(it, n_tokens);
+        b.ms.insert(b.ms.begin() + i, ms);
+    } else {
+        // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
+        double & cell = b.ms[i];
+        const double x = std::clamp(ms, cell / 3.0, cell * 3.0);
+        cell += EMA * (x - cell);
+    }
+    b.n_seen++;
+    b.env.resize(b.ms.size());
+    double run = 0.0;
+    for (size_t j = 0; j < b.ms.size(); ++j) {
+        run = std::max(run, b.ms[j]);
+        b.env[j] = run;
+    }
+}
+
+double cost_table::predict_in(const bucket_data & b, int32_t n_tokens) const {
+    // monotone envelope of the sizes seen, linear in between, the last slope beyond, the prior shape below
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
+    const size_t i = it - b.keys.begin();
+    if (it != b.keys.end() && *it == n_tokens) {
+        return b.env[i];
+    }
+    if (i == 0) {
+        // below the smallest size seen: the slope over the sizes seen, else the prior shape
+        if (b.keys.size() > 1) {
+            const size_t last = b.keys.size() - 1;
+            const double slope = (b.env[last] - b.env[0]) / (double) (b.keys[last] - b.keys[0]);
+            return std::max(0.1 * b.env[0], b.env[0] - slope * (b.keys[0] - n_tokens));
+        }
+        return b.env[0] * (1.0 + prior_slope * (n_tokens - 1)) / (1.0 + prior_slope * (b.keys[0] - 1));
+    }
+    if (i < b.keys.size()) {
+        const double lo = b.env[i - 1], hi = b.env[i];
+        return lo + (hi - lo) * (n_tokens - b.keys[i - 1]) / (double) (b.keys[i] - b.keys[i - 1]);
+    }
+    const size_t last = b.keys.size() - 1;
+    double slope;
+    if (last > 0) {
+        // beyond the largest size seen: the average slope over all sizes seen (a flat last segment, an artefact of
+        // the envelope or of noise, must not make every larger batch look free)
+        slope = (b.env[last] - b.env[0]) / (double) (b.keys[last] - b.keys[0]);
+    } else {
+        slope = b.env[last] * prior_slope / (1.0 + prior_slope * (b.keys[last] - 1));
+    }
+    return b.env[last] + slope * (n_tokens - b.keys[last]);
+}
+
+double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
+    n_tokens = std::clamp(n_tokens, 1, MAX_T);
+    bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
+    // this bucket, else the nearest shallower one (costs only grow with depth), else the nearest deeper one
+    for (int32_t d = 0; d < N_BUCKETS; ++d) {
+        const int32_t below = bucket - d, above = bucket + d;
+        if (below >= 0 && b_[below].n_seen > 0) {
+            return predict_in(b_[below], n_tokens);
+        }
+        if (d > 0 && above < N_BUCKETS && b_[above].n_seen > 0) {
+            return predict_in(b_[above], n_tokens);
+        }
+    }
+    return prior_base * (1.0 + prior_slope * (n_tokens - 1));
+}
+
+bool cost_table::known(int32_t bucket) const {
+    return bucket >= 0 && bucket < N_BUCKETS && b_[bucket].n_seen > 0;
+}
+
+bool cost_table::known_at(int32_t n_tokens, int32_t bucket) const {
+    if (!known(bucket)) {
+        return false;
+    }
+    const auto & k = b_[bucket].keys;
+    return std::binary_search(k.begin(), k.end(), std::min(n_tokens, MAX_T));
+}
+
+bool cost_table::has_any() const {
+    for (const auto & b : b_) {
+        if (b.n_seen > 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void cost_table::clear() {
+    for (auto & b : b_) {
+        b = bucket_data{};
+    }
+}
+
+// ---- hazard counts -----------------------------------------------------------------------------
+
+void hazard_counts::decay(double f) {
+    for (size_t i = 0; i < acc.size(); ++i) {
+        acc[i] *= f;
+        tri[i] *= f;
+    }
+}
+
+void hazard_counts::add(int32_t n_drafted, int32_t n_accepted) {
+    n_drafted = std::min<int32_t>(n_drafted, (int32_t) tri.size());
+    n_accepted = std::min(n_accepted, n_drafted);
+    for (int32_t i = 0; i < n_accepted; ++i) {
+        acc[i] += 1.0;
+        tri[i] += 1.0;
+    }
+    if (n_accepted < n_drafted) {
+        tri[n_accepted] += 1.0;  // the first rejection; later positions were never judged
+    }
+}
+
+// ---- controller --------------------------------------------------------------------------------
+
+controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
+    p_.n_max = std::max(0, p_.n_max);
+    p_.n_streams = std::max(1, p_.n_streams);
+    s_.resize(p_.n_streams);
+    for (auto & s : s_) {
+        s.h.resize(std::max(1, p_.n_max));
+    }
+    pool_.resize(std::max(1, p_.n_max));
+    last_k_.assign(p_.n_streams, 0);
+    for (auto & s : s_) {
+        s.led_real.assign(LEDGER_STEPS, 0.0);
+        s.led_plain.assign(LEDGER_STEPS, 0.0);
+        s.led_tok.assign(LEDGER_STEPS, 0.0);
+    }
+    reset_counters();
+}
+
+void controller::reset_counters() {
+    counters_ = controller_counters{};
+    counters_.k_hist.assign(p_.n_max + 1, 0);
+}
+
+void controller::reset_stream(int32_t stream) {
+    if (stream < 0 || stream >= (int32_t) s_.size()) {
+        return;
+    }
+    stream_state & s = s_[stream];
+    s.h.resize(std::max(1, p_.n_max));
+    s.off = false;
+    s.gap = 0;
+    s.gap_len = GAP_MIN;
+    s.probing = false;
+    s.steps = 0;
+    s.led_real.assign(LEDGER_STEPS, 0.0);
+    s.led_plain.assign(LEDGER_STEPS, 0.0);
+    s.led_tok.assign(LEDGER_STEPS, 0.0);
+    s.led_pos = 0;
+}
+
+double controller::pooled(int32_t i) const {
+    double a = 0.0, t = 0.0;
+    for (size_t j = 0; j < pool_.acc.size(); ++j) {
+        a += pool_.acc[j];
+        t += pool_.tri[j];
+    }
+    const double overall = (a + PRIOR_WEIGHT * PRIOR_HAZARD) / (t + PRIOR_WEIGHT);
+    if (i < 0 || i >= (int32_t) pool_.acc.size()) {
+        return overall;
+    }
+    return (pool_.acc[i] + PRIOR_WEIGHT * overall) / (pool_.tri[i] + PRIOR_WEIGHT);
+}
+
+double controller::hazard(const stream_state & s, int32_t i) const {
+    // position i's own counts, shrunk towards the stream's rate over all positions, itself shrunk towards the pool:
+    // a position rarely tried (k seldom reaches it) follows what the stream does elsewhere
+    double a = 0.0, t = 0.0;
+    for (size_t j = 0; j < s.h.acc.size(); ++j) {
+        a += s.h.acc[j];
+        t += s.h.tri[j];
+    }
+    const double stream_rate = (a + PRIOR_WEIGHT * pooled(i)) / (t + PRIOR_WEIGHT);
+    if (i >= (int32_t) s.h.acc.size()) {
+        return stream_rate;
+    }
+    return (s.h.acc[i] + POSITION_WEIGHT * stream_rate) / (s.h.tri[i] + POSITION_WEIGHT);
+}
+
+std::vector<double> controller::pooled_hazards() const {
+    std::vector<double> out(p_.n_max);
+    for (int32_t i = 0; i < p_.n_max; ++i) {
+        out[i] = pooled(i);
+    }
+    return out;
+}
+
+double controller::catchup_token_ms(int32_t bucket) const {
+    // the first decode's cost beyond one token per stream
+    const double one = draft_first_.predict(1, bucket);
+    const double more = draft_first_.predict(1 + 64, bucket);
+    return std::max(0.0, (more - one) / 64);
+}
+
+int32_t controller::catchup_limit(int32_t bucket) const {
+    const double per_tok = catchup_token_ms(bucket);
+    const double plain = plain_step_ms(1, bucket);
+    if (!(per_tok > 0.0) || !(plain > 0.0)) {
+        return 4096;
+    }
+    return (int32_t) std::clamp(CATCHUP_PLAIN_STEPS * plain / per_tok, 16.0, 4096.0);
+}
+
+double controller::plain_step_ms(int32_t n_active, int32_t bucket) const {
+    return target_.predict(std::max(1, n_active), bucket) + (overhead_seen_plain_ ? overhead_plain_ : 0.0);
+}
+
+double controller::plain_ms_per_token(int32_t bucket) const {
+    return plain_step_ms(1, bucket);
+}
+
+double controller::predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
+                                 const std::vector<int32_t> & pending, int32_t bucket) const {
+    int32_t n_tok = 0, n_drafting = 0, k_max = 0, k_sum = 0, first = 0;
+    const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
+    for (size_t i = 0; i < k.size(); ++i) {
+        if (!active[i]) {
+            continue;
+        }
+        n_tok += k[i] + 1;
+        if (k[i] > 0) {
+            n_drafting++;
+            k_max = std::max(k_max, k[i]);
+            k_sum += k[i];
+            first += 1 + std::min(pending.empty() ? 0 : pending[i], limit);
+        }
+    }
+    double ms = target_.predict(n_tok, bucket);
+    if (n_drafting == 0) {
+        return ms + (overhead_seen_plain_ ? overhead_plain_ : 0.0);
+    }
+    switch (p_.kind) {
+        case DRAFTER_MODEL:
+            ms += draft_first_.predict(first, bucket);
+            for (int32_t it = 1; it < k_max; ++it) {
+                int32_t n_it = 0;
+                for (size_t i = 0; i < k.size(); ++i) {
+                    n_it += active[i] && k[i] > it;
+                }
+                ms += draft_rest_.predict(n_it, bucket);
+            }
+            break;
+        case DRAFTER_AUTOREGRESSIVE:
+            ms += draft_call_.predict(k_sum, 0);
+            break;
+        case DRAFTER_BLOCK:
+        case DRAFTER_NGRAM:
+        default:
+            ms += draft_call_.predict(n_drafting, 0);
+            break;
+    }
+    return ms + (overhead_seen_spec_ ? overhead_spec_ : 0.0);
+}
+
+void controller::choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
+                        const std::vector<int32_t> & active, const std::vector<int32_t> & pending,
+                        std::vector<int32_t> & k_out) {
+    const int32_t n = (int32_t) s_.size();
+    k_out.assign(n, 0);
+    int32_t n_active = 0;
+    double depth_sum = 0.0;
+    for (int32_t i = 0; i < n && i < (int32_t) caps.size(); ++i) {
+        if (active[i]) {
+            n_active++;
+            depth_sum += depth[i];
+        }
+    }
+    if (n_active == 0) {
+        last_k_ = k_out;
+        return;
+    }
+    const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
+    last_bucket_ = bucket;
+    auto cap_of = [&](int32_t i) { return std::clamp(caps[i], 0, p_.n_max); };
+
+    if (!p_.adaptive) {
+        const int32_t want = p_.schedule.empty() ? p_.n_max : p_.schedule[chosen_++ % p_.schedule.size()];
+        for (int32_t i = 0; i < n; ++i) {
+            k_out[i] = active[i] ? std::min(cap_of(i), std::max(0, want)) : 0;
+        }
+        last_k_ = k_out;
+        return;
+    }
+
+    // calibration: a plain step where the plain cost at this depth is unknown, and now and then while speculating
+    bool any_on = false;
+    for (int32_t i = 0; i < n; ++i) {
+        any_on = any_on || (active[i] && !s_[i].off && cap_of(i) > 0);
+    }
+    if (!target_.known_at(n_active, bucket) || (any_on && since_plain_ >= PLAIN_REFRESH) || guard_cooldown_ > 0) {
+        if (guard_cooldown_ > 0) {
+            guard_cooldown_--;
+        }
+        last_k_ = k_out;
+        return;
+    }
+    // before the drafter was ever measured, price it from the target's plain cost (optimistically)
+    const double c1 = target_.predict(1, bucket);
+    draft_first_.prior_base = 0.25 * c1;
+    draft_rest_.prior_base = 0.15 * c1;
+    draft_call_.prior_base = p_.kind == DRAFTER_NGRAM ? 0.01 * c1 : 0.3 * c1;
+
+    // until a draft has been priced, drafts stay short: the first one measures what drafting costs here
+    bool priced = false;
+    for (int32_t b = 0; b < cost_table::N_BUCKETS && !priced; ++b) {
+        for (int32_t t = n_active + 1; t <= n_active * (p_.n_max + 1) && !priced; ++t) {
+            priced = target_.known_at(t, b);
+        }
+    }
+    const int32_t explore_cap = priced ? p_.n_max : PROBE_K;
+
+    // probes: streams that are off draft a little when their gap runs out - unless drafting could not pay even
+    // if every drafted token landed (then nothing is learnt by probing, at a cost)
+    std::vector<int32_t> k(n, 0);
+    double expect = n_active;  // every stream commits at least its target token
+    for (int32_t i = 0; i < n; ++i) {
+        stream_state & s = s_[i];
+        s.probing = false;
+        if (!active[i] || !s.off) {
+            continue;
+        }
+        if (s.gap <= 0 && cap_of(i) > 0 && !could_pay(i, cap_of(i), bucket)) {
+            s.gap = s.gap_len;
+        } else if (s.gap <= 0 && cap_of(i) > 0) {
+            k[i] = std::min(cap_of(i), PROBE_K);
+            s.probing = true;
+            double surv = 1.0;
+            for (int32_t j = 0; j < k[i]; ++j) {
+                surv *= hazard(s, j);
+                expect += surv;
+            }
+        } else {
+            s.gap--;
+        }
+    }
+
+    // candidate rows of the streams that are on, best survival first
+    struct row { double surv; int32_t stream; int32_t pos; };
+    std::vector<row> rows;
+    for (int32_t i = 0; i < n; ++i) {
+        if (!active[i] || s_[i].off) {
+            continue;
+        }
+        double surv = 1.0;
+        for (int32_t j = 0; j < std::min(cap_of(i), explore_cap); ++j) {
+            surv *= hazard(s_[i], j);
+            rows.push_back({ surv, i, j });
+        }
+    }
+    std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
+
+    std::vector<int32_t> best = k;
+    double best_rate = expect / predict_step(k, active, pending, bucket);
+    for (const row & r : rows) {
+        if (k[r.stream] != r.pos) {
+            continue;  // survival ties across positions: keep each stream's rows a prefix
+        }
+        k[r.stream]++;
+        expect += r.surv;
+        const double rate = expect / predict_step(k, active, pending, bucket);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+
+    for (int32_t i = 0; i < n; ++i) {
+        stream_state & s = s_[i];
+        if (!active[i] || s.off) {
+            continue;
+        }
+        if (best[i] == 0) {
+            // does not pay now: off, probed later (soon if it had been paying for a while)
+            s.off = true;
+            s.gap_len = s.steps >= 4 * GAP_MIN ? GAP_MIN : std::max(GAP_MIN, s.gap_len);
+            s.gap = s.gap_len;
+            s.steps = 0;
+        } else {
+            s.steps++;
+            if (best[i] < std::min(cap_of(i), explore_cap) && (rng_() % EXPLORE_ONE_IN) == 0) {
+                best[i]++;  // learn what one more position costs and how often it lands
+            }
+        }
+    }
+    since_plain_++;
+    for (int32_t i = 0; i < n; ++i) {
+        k_out[i] = best[i];
+    }
+    last_k_ = k_out;
+}
+
+void controller::ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens) {
+    s.led_real[s.led_pos % LEDGER_STEPS] = realised_ms;
+    s.led_plain[s.led_pos % LEDGER_STEPS] = plain_ms;
+    s.led_tok[s.led_pos % LEDGER_STEPS] = tokens;
+    s.led_pos++;
+    if (s.led_pos < LEDGER_STEPS) {
+        return;
+    }
+    const double real = std::accumulate(s.led_real.begin(), s.led_real.end(), 0.0);
+    const double plain = std::accumulate(s.led_plain.begin(), s.led_plain.end(), 0.0);
+    const double window_tokens = std::accumulate(s.led_tok.begin(), s.led_tok.end(), 0.0);
+    // lagging by more than a window's worth of acceptance luck: the model of costs or acceptance is wrong here
+    if (plain > 0.0 && real > (1.0 + LEDGER_SLACK + 1.0 / std::sqrt(std::max(1.0, window_tokens))) * plain) {
+        // this stream's speculation lags plain decoding however the model explains it: off, probed from scratch
+        counters_.n_guard++;
+        s.off = true;
+        s.gap_len = 2 * GAP_MIN;
+        s.gap = s.gap_len;
+        std::fill(s.led_real.begin(), s.led_real.end(), 0.0);
+        std::fill(s.led_plain.begin(), s.led_plain.end(), 0.0);
+        std::fill(s.led_tok.begin(), s.led_tok.end(), 0.0);
+        s.led_pos = 0;
+        guard_cooldown_ = 1;  // a plain step first: it re-measures the plain cost at this depth
+    }
+}
+
+bool controller::could_pay(int32_t stream, int32_t cap, int32_t bucket) const {
+    // the best case: every drafted token lands, nothing to catch up
+    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
+    act[stream] = 1;
+    const double plain = 1.0 / predict_step(k, act, pend, bucket);
+    for (int32_t j = 1; j <= cap; ++j) {
+        k[stream] = j;
+        if ((1.0 + j) / predict_step(k, act, pend, bucket) > plain) {
+            return true;
+        }
+    }
+    return false;
+}
+
+int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket) const {
+    // a probe every g steps costs (fixed + catch-up of min(g, limit) tokens) / g; the smallest g within budget
+    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
+    act[stream] = 1;
+    k[stream] = PROBE_K;
+    const double plain = plain_step_ms(1, bucket);
+    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket) - plain);
+    const double per_tok = p_.kind == DRAFTER_MODEL ? catchup_token_ms(bucket) : 0.0;
+    const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
+    const double budget = PROBE_BUDGET * plain;
+    // catching up costs per_tok per step waited: affordable when below the budget, else bounded by the limit
+    double g = per_tok < budget ? fixed / (budget - per_tok) : INFINITY;
+    if (!(g <= limit)) {
+        g = (fixed + per_tok * limit) / budget;
+    }
+    if (!std::isfinite(g)) {
+        g = GAP_MAX;
+    }
+    return (int32_t) std::clamp(g, 64.0, (double) GAP_MAX);
+}
+
+void controller::observe(const step_obs & o) {
+    const int32_t n = (int32_t) s_.size();
+    int32_t n_active = 0, n_tok = 0, n_drafting = 0, first = 0, k_sum = 0, rest_rows = 0;
+    int32_t committed = 0;
+    double depth_sum = 0.0;
+    for (int32_t i = 0; i < n && i < (int32_t) o.active.size(); ++i) {
+        if (!o.active[i]) {
+            continue;
+        }
+        n_active++;
+        depth_sum += o.depth[i];
+        const int32_t d = o.n_drafted[i];
+        n_tok += d + 1;
+        committed += std::min(o.n_accepted[i], d) + 1;
+        if (d > 0) {
+            n_drafting++;
+            k_sum += d;
+            rest_rows += d - 1;
+            first += 1 + (o.n_catchup.empty() ? 0 : o.n_catchup[i]);
+        }
+    }
+    if (n_active == 0) {
+        return;
+    }
+    steps_++;
+    const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
+
+    // costs
+    target_.observe(n_tok, bucket, o.t_target_ms);
+    double draft_ms = 0.0;
+    if (n_drafting > 0) {
+        if (p_.kind == DRAFTER_MODEL) {
+            draft_first_.observe(first, bucket, o.t_draft_first_ms);
+            if (o.n_draft_iters > 0) {
+                const int32_t per_iter = std::max(1, (int32_t) std::lround((double) rest_rows / o.n_draft_iters));
+                draft_rest_.observe(per_iter, bucket, o.t_draft_rest_ms / o.n_draft_iters);
+            }
+            draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms;
+        } else {
+            draft_call_.observe(p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : n_drafting, 0, o.t_draft_call_ms);
+            draft_ms = o.t_draft_call_ms;
+        }
+    }
+    const double rest = std::max(0.0, o.t_step_ms - o.t_target_ms - draft_ms);
+    if (n_drafting > 0) {
+        overhead_spec_ = overhead_seen_spec_ ? overhead_spec_ + EMA * (rest - overhead_spec_) : rest;
+        overhead_seen_spec_ = true;
+    } else {
+        overhead_plain_ = overhead_seen_plain_ ? overhead_plain_ + EMA * (rest - overhead_plain_) : rest;
+        overhead_seen_plain_ = true;
+        since_plain_ = 0;
+    }
+
+    // acceptance
+    for (int32_t i = 0; i < n; ++i) {
+        if (!o.active[i]) {
+            continue;
+        }
+        const int32_t d = o.n_drafted[i];
+        const int32_t a = std::min(o.n_accepted[i], d);
+        counters_.k_hist[std::clamp(d, 0, p_.n_max)]++;
+        if (d <= 0) {
+            continue;
+        }
+        stream_state & s = s_[i];
+        // a probe that lands means the content may have changed: the old evidence against drafting goes
+        const double f = !(s.probing && a > 0) ? HAZARD_DECAY : 0.3;
+        s.h.decay(f);
+        s.h.add(d, a);
+        pool_.decay(f < HAZARD_DECAY ? f : POOL_DECAY);
+        pool_.add(d, a);
+    }
+
+    // plain-decoding estimate of what was committed (once plain decoding was measured at this depth), and each
+    // drafting stream's ledger: its share of the step's time (by verified rows) against plain decoding's
+    const double plain_tok = plain_step_ms(n_active, bucket) / n_active;
+    if (target_.known_at(n_active, bucket) || target_.known_at(1, bucket)) {
+        counters_.est_plain_ms += committed * plain_tok;
+    }
+    if (p_.adaptive && n_drafting > 0) {
+        for (int32_t i = 0; i < n; ++i) {
+            if (o.active[i] && o.n_drafted[i] > 0) {
+                const int32_t rows = o.n_drafted[i] + 1;
+                const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
+                ledger_add(s_[i], o.t_step_ms * rows / n_tok, got * plain_tok, got);
+            }
+        }
+    }
+
+    // probe outcomes: back on when drafting would now pay for this stream alone, else probe less often
+    if (!p_.adaptive) {
+        return;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        stream_state & s = s_[i];
+        if (!o.active[i] || !s.probing) {
+            continue;
+        }
+        s.probing = false;
+        counters_.n_probes++;
+        // would drafting pay for this stream next to what the others drafted in this step?
+        std::vector<int32_t> k(n, 0), act(o.active.begin(), o.active.begin() + n), pend(n, 0);
+        double others = 0.0;
+        for (int32_t j = 0; j < n; ++j) {
+            if (j != i && act[j]) {
+                k[j] = std::min(o.n_drafted[j], s_[j].off ? 0 : o.n_drafted[j]);
+                double surv = 1.0;
+                for (int32_t q = 0; q < k[j]; ++q) {
+                    surv *= hazard(s_[j], q);
+                    others += surv;
+                }
+            }
+        }
+        const double base = (n_active + others) / predict_step(k, act, pend, bucket);
+        double expect = n_active + others, surv = 1.0;
+        bool pays = false;
+        for (int32_t j = 0; j < p_.n_max && !pays; ++j) {
+            surv *= hazard(s, j);
+            expect += surv;
+            k[i] = j + 1;
+            pays = expect / predict_step(k, act, pend, bucket) > base;
+        }
+        if (pays) {
+            s.off = false;
+            s.steps = 0;
+        } else {
+            // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse
+            const int32_t cap = probe_gap_cap(i, bucket);
+            s.gap_len = std::min(std::max(2 * s.gap_len, cap / 4), cap);
+            s.gap = s.gap_len;
+        }
+    }
+}
+
+}  // namespace pls

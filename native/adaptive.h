@@ -1,0 +1,174 @@
+// The draft-length controller: chooses, every step and for every stream, how many drafted tokens to verify
+// (k in 0..n_max; 0 decodes plainly) so that committed tokens per second are highest.
+//
+// It knows nothing of llama.cpp: the loop tells it what each step cost and what was accepted, so it can be
+// driven by a simulation with an injected clock. Costs are measured online on this machine, never assumed:
+//   - the target batch by its token count, per context-depth bucket (monotone, interpolated between the
+//     sizes seen, extrapolated from the last slope);
+//   - a draft model's first decode of a step (by tokens in it: catch-up included) and each further decode (by
+//     streams still drafting);
+//   - an upstream drafter's call (EAGLE3/MTP per token, DFlash/DSpark per block, n-gram lookup);
+//   - the per-step overhead that is neither (rollback, bookkeeping), as the remainder of wall time.
+// Acceptance is a per-stream hazard model: h_i = P(position i accepted | positions before it were), from
+// decayed counts with a prior pooled over streams and positions. A step's allocation is the prefix of
+// (stream, position) rows, taken in order of survival probability, that maximises
+//     (streams + sum of survivals) / (draft cost + target cost + overhead).
+// While a stream sits at k = 0 it is probed with a short draft at growing intervals, the gap capped so the
+// probes cost at most ~2% of plain decoding; a ledger of realised time against estimated plain time over a
+// window turns speculation off when it lags.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace pls {
+
+enum drafter_kind : int32_t {
+    DRAFTER_NONE = 0,
+    DRAFTER_MODEL = 1,           // a draft model driven by the shim: per-token decodes, detachable (k = 0 skips it)
+    DRAFTER_AUTOREGRESSIVE = 2,  // an upstream drafter drafting token by token (EAGLE3, MTP); processes every batch
+    DRAFTER_BLOCK = 3,           // one pass per draft whatever its length (DFlash, DSpark); processes every batch
+    DRAFTER_NGRAM = 4,           // lookup in the context: almost free
+};
+
+// Cost of a batch by its token count, per depth bucket, learnt by EMA per size.
+class cost_table {
+public:
+    static constexpr int N_BUCKETS = 8;
+    static constexpr int MAX_T = 1024;
+
+    static int bucket_of(int32_t depth);
+
+    void observe(int32_t n_tokens, int32_t bucket, double ms);
+    // predicted cost; falls back to the nearest shallower bucket with data, then to prior(n_tokens)
+    double predict(int32_t n_tokens, int32_t bucket) const;
+    bool known(int32_t bucket) const;
+    bool known_at(int32_t n_tokens, int32_t bucket) const;
+    bool has_any() const;
+    void clear();
+
+    double prior_base = 0.0;   // used only while nothing at all was observed
+    double prior_slope = 0.25; // relative cost of each extra token in that case
+
+private:
+    struct bucket_data {
+        std::vector<int32_t> keys;   // batch sizes seen, ascending
+        std::vector<double> ms;      // EMA cost per key
+        std::vector<double> env;     // monotone envelope of ms (running max), rebuilt on change
+        int32_t n_seen = 0;
+    };
+    bucket_data b_[N_BUCKETS];
+    double predict_in(const bucket_data & b, int32_t n_tokens) const;
+};
+
+// Decayed counts of position-wise acceptance.
+struct hazard_counts {
+    std::vector<double> acc;  // position i accepted
+    std::vector<double> tri;  // position i tried (every earlier one accepted)
+    void resize(int32_t n) { acc.assign(n, 0.0); tri.assign(n, 0.0); }
+    void decay(double f);
+    void add(int32_t n_drafted, int32_t n_accepted);
+};
+
+struct controller_params {
+    int32_t n_max = 8;
+    int32_t n_streams = 1;
+    drafter_kind kind = DRAFTER_MODEL;
+    bool adaptive = true;
+    uint32_t seed = 1;
+    std::vector<int32_t> schedule;  // not adaptive: a fixed cycle of draft lengths (empty: always n_max)
+};
+
+struct step_obs {
+    std::vector<int32_t> k, n_drafted, n_accepted, n_catchup, depth, active;
+    double t_draft_first_ms = 0.0;
+    double t_draft_rest_ms = 0.0;
+    int32_t n_draft_iters = 0;
+    double t_draft_call_ms = 0.0;
+    double t_target_ms = 0.0;
+    double t_step_ms = 0.0;
+};
+
+struct controller_counters {
+    std::vector<int64_t> k_hist;  // n_max + 1
+    int64_t n_probes = 0;
+    int64_t n_guard = 0;
+    double est_plain_ms = 0.0;
+};
+
+class controller {
+public:
+    explicit controller(const controller_params & p);
+
+    // caps[i]: the most stream i may draft now (context, n_predict); active[i] = 0 for streams not in the step.
+    // pending[i]: tokens a detached draft model would have to catch up before drafting (DRAFTER_MODEL).
+    void choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth, const std::vector<int32_t> & active,
+                const std::vector<int32_t> & pending, std::vector<int32_t> & k_out);
+    void observe(const step_obs & o);
+
+    // forget acceptance history of a stream (a new prompt in it); costs stay
+    void reset_stream(int32_t stream);
+
+    const controller_counters & counters() const { return counters_; }
+    void reset_counters();
+
+    // what it has learnt, for stats
+    int32_t last_bucket() const { return last_bucket_; }
+    double target_cost(int32_t n_tokens, int32_t bucket) const { return target_.predict(n_tokens, bucket); }
+    double draft_first_ms(int32_t bucket) const { return draft_first_.predict(1, bucket); }
+    double draft_token_ms(int32_t bucket) const { return draft_rest_.predict(1, bucket); }
+    double draft_call_ms() const { return draft_call_.predict(1, 0); }
+    double catchup_token_ms(int32_t bucket) const;
+    double overhead_ms() const { return overhead_spec_; }
+    double plain_ms_per_token(int32_t bucket) const;
+    std::vector<double> pooled_hazards() const;
+    const std::vector<int32_t> & last_k() const { return last_k_; }
+    const controller_params & params() const { return p_; }
+
+    // how far behind a draft model may fall and still catch up: beyond, it restarts from this many recent tokens,
+    // so that one catch-up costs at most ~16 plain steps
+    int32_t catchup_limit(int32_t bucket) const;
+
+private:
+    struct stream_state {
+        hazard_counts h;
+        bool off = false;          // speculation judged not to pay: k = 0 but for probes
+        int32_t gap = 0;           // steps until the next probe
+        int32_t gap_len = 4;       // current probe interval
+        bool probing = false;      // this step's draft is a probe
+        int32_t steps = 0;
+        // ledger of this stream's speculative steps: its share of their time against plain decoding's
+        std::vector<double> led_real, led_plain, led_tok;
+        int32_t led_pos = 0;
+    };
+
+    double hazard(const stream_state & s, int32_t i) const;
+    double pooled(int32_t i) const;
+    double predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
+                        const std::vector<int32_t> & pending, int32_t bucket) const;
+    double plain_step_ms(int32_t n_active, int32_t bucket) const;
+    void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
+    int32_t probe_gap_cap(int32_t stream, int32_t bucket) const;
+    bool could_pay(int32_t stream, int32_t cap, int32_t bucket) const;
+
+    controller_params p_;
+    std::vector<stream_state> s_;
+    hazard_counts pool_;
+    cost_table target_;       // target batch (+ process of hidden-state drafters), by tokens
+    cost_table draft_first_;  // draft model: first decode of a step, by tokens in it (catch-up + one per stream)
+    cost_table draft_rest_;   // draft model: each further decode, by streams still drafting
+    cost_table draft_call_;   // upstream drafter call, by streams drafting (bucket 0)
+    double overhead_spec_ = 0.0, overhead_plain_ = 0.0;
+    bool overhead_seen_spec_ = false, overhead_seen_plain_ = false;
+    std::vector<int32_t> last_k_;
+    int32_t last_bucket_ = 0;
+    int32_t steps_ = 0;
+    uint64_t chosen_ = 0;            // choose() calls (a schedule's position)
+    int32_t since_plain_ = 0;        // steps since the last plain step (to refresh the plain cost)
+    int32_t guard_cooldown_ = 0;
+    std::mt19937 rng_;
+    controller_counters counters_;
+};
+
+}  // namespace pls

@@ -1,0 +1,183 @@
+// The draft model (draft-simple), driven by the shim token by token.
+//
+// Upstream's draft-simple re-decodes every verify batch in the draft model (process) and then drafts from the
+// target's last token. Here the draft model keeps what it decoded while drafting: after a verify that accepted
+// a tokens, the tokens it drafted and decoded are already in its KV, so only what it never saw is fed to it -
+// folded into the first decode of its next draft. A stream that drafts nothing for a while (k = 0) leaves the
+// draft model alone and catches up when it drafts again; far behind, it restarts from the recent context so
+// one catch-up never costs more than a bounded number of plain steps.
+// Draft models that cannot drop tokens (recurrent or hybrid) are checkpointed after the catch-up and
+// restored after a partial accept; the restored-over tokens become the next catch-up.
+#include "loop.h"
+
+#include "log.h"
+
+#include <algorithm>
+
+namespace pls {
+
+namespace {
+
+void decode_dft(pls_session & s, const char * what) {
+    const int32_t rc = llama_process(s.ctx_dft.get(), LLAMA_PROCESS_TYPE_DECODE, s.batch_dft.get());
+    if (rc != 0) {
+        const std::string why = take_last_error();
+        fail(PLS_ERR_DECODE, std::string("draft model ") + what + " failed (llama_process returned " + std::to_string(rc) +
+                             ")" + (why.empty() ? std::string() : ": " + why));
+    }
+}
+
+void save_ckpt(pls_session & s, stream_state & st) {
+    st.ckpt.update_dft(s.ctx_dft.get(), st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    st.dft.ckpt_valid = true;
+    st.dft.ckpt_pos = st.dft.pos;
+}
+
+}  // namespace
+
+void draft_model_feed(pls_session & s, const common_batch & batch) {
+    // the prompt goes to the draft model as it goes to the target: same batches, no outputs
+    s.batch_dft.clear();
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        const auto & t = batch.tokens[i];
+        s.batch_dft.add(t.id, t.pos[0], t.seq_id, false);
+    }
+    if (s.batch_dft.size() > 0) {
+        decode_dft(s, "prompt processing");
+    }
+}
+
+void draft_model_truncate(pls_session & s, stream_state & st, int32_t pos) {
+    if (st.dft.pos <= pos) {
+        return;
+    }
+    llama_memory_t mem = llama_get_memory(s.ctx_dft.get());
+    if (!s.use_ckpt_dft && llama_memory_seq_rm(mem, st.seq, pos, -1)) {
+        st.dft.pos = pos;
+        return;
+    }
+    if (st.dft.ckpt_valid && st.dft.ckpt_pos <= pos) {
+        st.ckpt.load_dft(s.ctx_dft.get(), st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(mem, st.seq, st.dft.ckpt_pos, -1);
+        st.dft.pos = st.dft.ckpt_pos;
+        return;
+    }
+    // nothing to go back to: start the stream's draft model over (its next draft catches up)
+    llama_memory_seq_rm(mem, st.seq, -1, -1);
+    st.dft.pos = 0;
+    st.dft.ckpt_valid = false;
+}
+
+int32_t draft_model_pending(const stream_state & st) {
+    return std::max(0, st.n_past - st.dft.pos);
+}
+
+void draft_model_run(pls_session & s, step_timing & tm) {
+    llama_context * ctx = s.ctx_dft.get();
+    llama_memory_t mem = llama_get_memory(ctx);
+    const int32_t n_batch = (int32_t) llama_n_batch(ctx);
+    const int32_t limit = s.ctl->catchup_limit(s.ctl->last_bucket());
+    common_batch & batch = s.batch_dft;
+
+    std::vector<stream_state *> drafting;
+    for (auto & st : s.streams) {
+        if (st.active && !st.replay && st.k > 0 && st.draft.empty()) {
+            drafting.push_back(&st);
+        }
+    }
+    if (drafting.empty()) {
+        return;
+    }
+
+    // catch-up (what the draft model has not seen) and each stream's last token, in as few decodes as fit
+    const int64_t t0 = now_us();
+    batch.clear();
+    std::vector<int32_t> out_idx(s.streams.size(), -1);
+    for (stream_state * st : drafting) {
+        int32_t from = st->dft.pos;
+        if (st->n_past - from > limit) {
+            // too far behind to catch up cheaply: restart from the recent context
+            llama_memory_seq_rm(mem, st->seq, -1, -1);
+            from = std::max(0, st->n_past - limit);
+            st->dft.ckpt_valid = false;
+        }
+        st->catchup = st->n_past - from;
+        for (int32_t p = from; p < st->n_past; ++p) {
+            if (batch.size() >= n_batch) {
+                decode_dft(s, "catch-up");
+                batch.clear();
+            }
+            batch.add(st->prompt_tgt[p], p, st->seq, false);
+        }
+        st->dft.pos = st->n_past;
+        if (s.use_ckpt_dft) {
+            // a state to come back to after a partial accept: the catch-up decoded, the draft not yet
+            if (batch.size() > 0) {
+                decode_dft(s, "catch-up");
+                batch.clear();
+            }
+            save_ckpt(s, *st);
+        }
+    }
+    for (stream_state * st : drafting) {
+        if (batch.size() >= n_batch) {
+            decode_dft(s, "catch-up");
+            batch.clear();
+        }
+        out_idx[st->seq] = batch.add(st->id_last, st->n_past, st->seq, true);
+        st->dft.pos = st->n_past + 1;
+        common_sampler_reset(s.dft_smpl[st->seq].get());
+    }
+    decode_dft(s, "draft");
+    tm.draft_first_ms += (now_us() - t0) / 1000.0;
+
+    // one token per decode for every stream still drafting; each stops at its k or below p_min
+    const float p_min = s.params.speculative.draft.p_min;
+    size_t n_left = drafting.size();
+    while (n_left > 0) {
+        const int64_t t1 = now_us();
+        batch.clear();
+        for (stream_state * st : drafting) {
+            if (out_idx[st->seq] < 0) {
+                continue;
+            }
+            common_sampler * smpl = s.dft_smpl[st->seq].get();
+            common_sampler_sample(smpl, ctx, out_idx[st->seq], true);
+            const auto * cur_p = common_sampler_get_candidates(smpl, true);
+            out_idx[st->seq] = -1;
+            const llama_token id = cur_p->data[0].id;
+            if (cur_p->data[0].p < p_min) {
+                n_left--;
+                continue;
+            }
+            common_sampler_accept(smpl, id, true);
+            st->draft.push_back(id);
+            if ((int32_t) st->draft.size() >= st->k) {
+                n_left--;
+                continue;
+            }
+            const int32_t pos = st->n_past + (int32_t) st->draft.size();
+            out_idx[st->seq] = batch.add(id, pos, st->seq, true);
+            st->dft.pos = pos + 1;
+        }
+        if (batch.size() == 0) {
+            break;
+        }
+        decode_dft(s, "draft");
+        tm.draft_rest_ms += (now_us() - t1) / 1000.0;
+        tm.draft_iters++;
+    }
+    const int32_t n_min = s.params.speculative.draft.n_min;
+    for (stream_state * st : drafting) {
+        if ((int32_t) st->draft.size() < n_min) {
+            st->draft.clear();
+        }
+    }
+}
+
+void draft_model_settle(pls_session & s, stream_state & st) {
+    // the draft model is right up to the token before the new last one; anything it decoded beyond is dropped
+    draft_model_truncate(s, st, st.n_past);
+}
+
+}  // namespace pls

@@ -1,0 +1,679 @@
+// The speculative loop: begin (prefill), then steps of draft -> verify -> settle for every active stream.
+//
+// The loop follows upstream's reference driver (examples/speculative-simple) and the server's rule for
+// recurrent targets: a target with a snapshot ring rolls back in place when the draft fits the ring, and
+// falls back to checkpoint + replay when it does not (or when the arch keeps no ring at all). How many
+// tokens each stream drafts in a step is the controller's choice (adaptive.h), made from measured costs.
+#include "loop.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pls {
+
+namespace {
+
+// one verify step that committed tokens: a replay after a checkpoint restore is not a new step
+void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
+    st.n_steps++;
+    st.n_drafts += n_draft > 0;
+    st.n_drafted += n_draft;
+    st.n_accepted += n_accepted;
+    for (size_t i = 0; i < n_draft && i < PLS_MAX_DRAFT; ++i) {
+        st.drafted_per_pos[i]++;
+    }
+    for (size_t i = 0; i < n_accepted && i < PLS_MAX_DRAFT; ++i) {
+        st.accepted_per_pos[i]++;
+    }
+    st.k_hist[std::min<size_t>(n_draft, PLS_MAX_DRAFT)]++;
+}
+
+// target top-1 minus top-2 logit: how close the target's own choice was to a tie at this position
+float top2_margin(const float * logits, int32_t n_vocab) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float v = logits[i];
+        if (v > a) {
+            b = a;
+            a = v;
+        } else if (v > b) {
+            b = v;
+        }
+    }
+    return a - b;
+}
+
+void finish_stream(stream_state & st, int32_t why) {
+    st.finish = why;
+    st.active = false;
+}
+
+}  // namespace
+
+void decode_or_throw(llama_context * ctx, common_batch & batch, const char * what) {
+    const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    if (rc != 0) {
+        const std::string why = take_last_error();
+        fail(PLS_ERR_DECODE, std::string(what) + " failed (llama_process returned " + std::to_string(rc) + ")" +
+                             (why.empty() ? std::string() : ": " + why));
+    }
+}
+
+void reset_generation(pls_session & s, int32_t n_streams) {
+    llama_memory_clear(llama_get_memory(s.ctx_tgt.get()), true);
+    if (s.ctx_dft) {
+        llama_memory_clear(llama_get_memory(s.ctx_dft.get()), true);
+    }
+    if (s.spec) {
+        common_speculative_free(s.spec);
+        s.spec = nullptr;
+    }
+    const auto types = engine_types(s);
+    if (!types.empty() && !has_type(types, COMMON_SPECULATIVE_TYPE_NONE)) {
+        // one drafting state per sequence the contexts hold, whether or not this generation uses them all
+        common_params_speculative sp = s.params.speculative;
+        sp.types = types;
+        s.spec = common_speculative_init(sp, s.sp.n_parallel);
+        if (s.spec == nullptr) {
+            fail(PLS_ERR_INVALID, "failed to initialize speculative decoding for " + common_speculative_type_name_str(types));
+        }
+    }
+    s.streams.clear();
+    s.streams.resize(n_streams);
+    for (int32_t i = 0; i < n_streams; ++i) {
+        stream_state & st = s.streams[i];
+        st.seq = i;
+        common_params_sampling sampling = s.params.sampling;
+        if (i > 0 && sampling.seed != LLAMA_DEFAULT_SEED) {
+            sampling.seed += (uint32_t) i;  // streams of one seeded run sample differently, reproducibly
+        }
+        st.smpl.reset(common_sampler_init(s.target->model, sampling));
+        s.ctl->reset_stream(i);
+    }
+    s.active = false;
+}
+
+void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams, int32_t n_predict) {
+    if (n_streams < 1 || n_streams > s.sp.n_parallel) {
+        fail(PLS_ERR_INVALID, std::to_string(n_streams) + " prompts for a session of n_parallel=" + std::to_string(s.sp.n_parallel) +
+                              " streams");
+    }
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(s.ctx_tgt.get());
+    int64_t off = 0;
+    for (int32_t k = 0; k < n_streams; ++k) {
+        const std::string who = n_streams > 1 ? "prompt " + std::to_string(k) + ": " : std::string();
+        if (n_prompt[k] < 1) {
+            fail(PLS_ERR_INVALID, who + "the prompt is empty");
+        }
+        if (n_prompt[k] + 1 > n_ctx_seq) {
+            fail(PLS_ERR_CONTEXT, who + "the prompt has " + std::to_string(n_prompt[k]) + " tokens, but the context holds " +
+                                  std::to_string(n_ctx_seq) + (s.sp.n_parallel > 1 ? " per stream (n_ctx / n_parallel)" : " (n_ctx)") +
+                                  "; raise n_ctx or shorten the prompt");
+        }
+        for (int32_t i = 0; i < n_prompt[k]; ++i) {
+            const int32_t t = prompts[off + i];
+            if (t < 0 || t >= s.n_vocab) {
+                fail(PLS_ERR_INVALID, who + "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
+                                      " is outside the vocab (" + std::to_string(s.n_vocab) + ")");
+            }
+        }
+        off += n_prompt[k];
+    }
+    reset_generation(s, n_streams);
+    s.n_predict = n_predict;
+
+    // prefill every stream's prompt but its last token, packed into as few target batches as fit
+    {
+        scoped_timer t(s.stats.t_prefill_ms);
+        const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
+        common_batch & batch = s.batch;
+        batch.clear();
+        auto flush = [&]() {
+            if (batch.size() == 0) {
+                return;
+            }
+            decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
+            if (s.spec && !common_speculative_process(s.spec, batch)) {
+                fail(PLS_ERR_DECODE, "the drafter failed to process the prompt");
+            }
+            if (s.own_draft_model) {
+                draft_model_feed(s, batch);
+            }
+            batch.clear();
+        };
+        off = 0;
+        for (int32_t k = 0; k < n_streams; ++k) {
+            stream_state & st = s.streams[k];
+            const int32_t * p = prompts + off;
+            off += n_prompt[k];
+            for (int32_t i = 0; i < n_prompt[k] - 1; ++i) {
+                if ((int32_t) batch.size() >= n_batch) {
+                    flush();
+                }
+                batch.add(p[i], i, st.seq, false);
+            }
+            st.prompt_tgt.reserve(n_ctx_seq);
+            st.prompt_tgt.assign(p, p + n_prompt[k] - 1);
+            st.id_last = p[n_prompt[k] - 1];
+            st.n_past = n_prompt[k] - 1;
+            st.dft.pos = st.n_past;  // the draft model saw the prompt with the target
+            st.stats.n_prompt = n_prompt[k];
+            s.stats.n_prompt += n_prompt[k];
+        }
+        flush();
+    }
+    for (auto & st : s.streams) {
+        if (s.spec) {
+            common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
+        }
+        st.active = true;
+    }
+    s.active = true;
+}
+
+namespace {
+
+// Choose each stream's draft length, then draft: the engine (n-gram lookups first, upstream drafters) for every
+// stream that drafts, the shim's draft model for those the engine left without a draft.
+void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
+    const size_t n = s.streams.size();
+    std::vector<int32_t> caps(s.sp.n_parallel, 0), depth(s.sp.n_parallel, 0), active(s.sp.n_parallel, 0),
+                         pending(s.sp.n_parallel, 0), k(s.sp.n_parallel, 0);
+    for (auto & st : s.streams) {
+        st.k = 0;
+        st.catchup = 0;
+        st.draft.clear();
+        if (!st.active || st.replay) {
+            continue;
+        }
+        // n_max caps every type; the context and n_predict cap each stream
+        int32_t cap = std::min(s.n_max_effective, n_ctx_seq - st.n_past - 2);
+        if (s.n_predict >= 0) {
+            cap = std::min<int32_t>(cap, s.n_predict - (int32_t) st.n_emitted - 1);
+        }
+        caps[st.seq] = std::max(cap, 0);
+        depth[st.seq] = st.n_past;
+        active[st.seq] = 1;
+        pending[st.seq] = s.own_draft_model ? draft_model_pending(st) : 0;
+    }
+    s.ctl->choose(caps, depth, active, pending, k);
+    for (auto & st : s.streams) {
+        if (active[st.seq]) {
+            st.k = k[st.seq];
+        }
+    }
+
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+    const bool engine_drafts = s.spec != nullptr;
+    if (engine_drafts) {
+        const int64_t t0 = now_us();
+        bool any = false;
+        for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
+            common_speculative_get_draft_params(s.spec, q).drafting = false;
+        }
+        for (auto & st : s.streams) {
+            if (!st.active || st.replay) {
+                continue;
+            }
+            if (!s.own_draft_model) {
+                // the engine's drafters keep their own state: checkpoint what they cannot drop
+                st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
+                                   llama_memory_seq_pos_max(mem_tgt, st.seq));
+                if (s.use_ckpt_dft && ctx_dft) {
+                    st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+                }
+            }
+            if (st.k <= 0) {
+                continue;
+            }
+            common_speculative_get_draft_params(s.spec, st.seq) = {
+                /* .drafting = */ true,
+                /* .n_max    = */ st.k,
+                /* .pos0     = */ st.n_past,
+                /* .id_last  = */ st.id_last,
+                /* .prompt   = */ &st.prompt_tgt,
+                /* .result   = */ &st.draft,
+            };
+            any = true;
+        }
+        if (any) {
+            common_speculative_draft(s.spec);
+        }
+        for (auto & st : s.streams) {
+            if ((int32_t) st.draft.size() > st.k) {
+                st.draft.resize(st.k);
+            }
+            st.engine_draft = !st.draft.empty();
+        }
+        tm.draft_call_ms += (now_us() - t0) / 1000.0;
+    }
+    if (s.own_draft_model) {
+        draft_model_run(s, tm);
+    }
+
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay) {
+            continue;
+        }
+        st.ckpt_valid = false;
+        if (!st.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) st.draft.size() > s.n_rs_seq))) {
+            scoped_timer tr(s.stats.t_rollback_ms);
+            st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
+                               llama_memory_seq_pos_max(mem_tgt, st.seq));
+            st.ckpt.update_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            st.ckpt_valid = true;
+        }
+        if (ctx_dft && !s.own_draft_model) {
+            // drop what the engine's drafter wrote while drafting (e.g. the DFlash noise block) before the verify
+            if (s.use_ckpt_dft) {
+                st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            }
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
+        }
+    }
+}
+
+// The target's verdict on one stream's draft: the committed tokens (accepted drafts + the target's own).
+llama_tokens sample_stream(pls_session & s, stream_state & st) {
+    const size_t n_draft = st.draft.size();
+    std::vector<int> idxs(n_draft + 1);
+    for (size_t i = 0; i <= n_draft; ++i) {
+        idxs[i] = st.i_batch + (int) i;
+    }
+    common_sampler * smpl = st.smpl.get();
+    llama_context * ctx = s.ctx_tgt.get();
+    if (!s.synth_probs.empty() && n_draft > 0) {
+        // synthetic acceptance: position i lands with its conditional probability (a replay re-commits all)
+        size_t a = 0;
+        if (st.replay) {
+            a = n_draft;
+        } else {
+            std::uniform_real_distribution<double> u(0.0, 1.0);
+            while (a < n_draft && a < s.synth_probs.size() && u(s.synth_rng) < s.synth_probs[a]) {
+                a++;
+            }
+        }
+        llama_tokens ids(st.draft.begin(), st.draft.begin() + a);
+        for (llama_token t : ids) {
+            common_sampler_accept(smpl, t, true);
+        }
+        const llama_token id = common_sampler_sample(smpl, ctx, idxs[a], false);
+        common_sampler_accept(smpl, id, true);
+        ids.push_back(id);
+        return ids;
+    }
+    // force_reject: the zero-acceptance cost model - the target's own token at the first position only
+    const bool refuse = s.sp.force_reject && !st.replay;
+    return common_sampler_sample_and_accept_n(smpl, ctx, refuse ? std::vector<int>{ idxs[0] } : idxs,
+                                              refuse ? llama_tokens() : st.draft);
+}
+
+// After the shared verify: commit and roll back one stream. Appends its committed tokens (and margins).
+void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampler_ptr & smpl_save,
+            std::vector<int32_t> & out_tokens, std::vector<float> & out_margins) {
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+    const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
+    const size_t n_draft = st.draft.size();
+    const bool replay = st.replay;
+    const size_t n_accepted = ids.size() - 1;
+    st.n_accepted_step = (int32_t) n_accepted;
+
+    st.n_past += 1;
+    if (st.ckpt_valid && n_accepted < n_draft) {
+        // restore the state before this verify and replay the accepted tokens as the next "draft"; the
+        // checkpoint stays valid, so a replay that disagrees at a near-tie is restored and replayed again
+        scoped_timer t(s.stats.t_rollback_ms);
+        for (pls_stats * c : { &s.stats, &st.stats }) {
+            c->n_rollback_checkpoint++;
+            c->n_replayed += ids.size();
+            if (!replay) {
+                count_step(*c, n_draft, n_accepted);
+            }
+        }
+        // the drafters hear about acceptance after the replay, whose verify batch they will have processed
+        st.draft = std::move(ids);
+        st.replay = true;
+        st.ckpt.load_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(mem_tgt, st.seq, st.ckpt.pos_max + 1, -1);
+        st.prompt_tgt.resize(st.ckpt.n_tokens);
+        st.smpl = std::move(smpl_save);
+        st.n_past = (int32_t) st.prompt_tgt.size();
+        if (s.own_draft_model) {
+            draft_model_truncate(s, st, st.n_past);
+        } else if (ctx_dft) {
+            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
+        }
+        return;  // nothing committed yet: the next step replays and commits
+    }
+
+    if (!replay) {
+        count_step(s.stats, n_draft, n_accepted);
+        count_step(st.stats, n_draft, n_accepted);
+    }
+    if (s.spec && (!s.own_draft_model || st.engine_draft)) {
+        // a replay commits exactly what the checkpointed step accepted; drafters still need to hear it
+        common_speculative_accept(s.spec, st.seq, (uint16_t) (st.engine_draft || !s.own_draft_model ? n_accepted : 0));
+    }
+
+    st.n_past += (int32_t) n_accepted;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        st.prompt_tgt.push_back(st.id_last);
+        st.id_last = ids[i];
+        if (llama_vocab_is_eog(vocab, st.id_last)) {
+            st.finish = PLS_FINISH_EOG;
+            break;
+        }
+        if (s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+            st.finish = PLS_FINISH_LENGTH;
+            break;
+        }
+        out_tokens.push_back(st.id_last);
+        if (s.sp.collect_margins) {
+            out_margins.push_back(top2_margin(llama_get_logits_ith(ctx_tgt, st.i_batch + (int32_t) i), s.n_vocab));
+        }
+        st.n_emitted++;
+    }
+    st.replay = false;
+
+    if (n_accepted < n_draft && !replay) {
+        for (pls_stats * c : { &s.stats, &st.stats }) {
+            (s.n_rs_seq > 0 ? c->n_rollback_ring : c->n_rollback_kv)++;
+        }
+    }
+    {
+        scoped_timer t(s.stats.t_rollback_ms);
+        if (!llama_memory_seq_rm(mem_tgt, st.seq, st.n_past, -1)) {
+            fail(PLS_ERR_DECODE, "rollback of the target to position " + std::to_string(st.n_past) + " was refused");
+        }
+        if (s.own_draft_model) {
+            draft_model_settle(s, st);
+        } else if (ctx_dft && s.use_ckpt_dft && n_accepted < n_draft && !replay) {
+            // a drafter that cannot drop tokens saw the whole verify batch: restore its state from before the draft
+            // and feed it only what the target kept
+            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
+            common_batch kept(ctx_dft);
+            for (size_t i = 0; i <= n_accepted; ++i) {
+                kept.add(s.batch.tokens[st.i_batch + i].id, st.ckpt.pos_max + 1 + (int32_t) i, st.seq, false);
+            }
+            decode_or_throw(ctx_dft, kept, "drafter catch-up");
+        } else if (ctx_dft) {
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.n_past, -1);
+        }
+    }
+    st.draft.clear();
+    st.stats.n_generated += (int64_t) (out_tokens.size());
+    s.stats.n_generated += (int64_t) (out_tokens.size());
+    if (st.finish == PLS_FINISH_NONE && s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+        st.finish = PLS_FINISH_LENGTH;
+    }
+    if (st.finish != PLS_FINISH_NONE) {
+        st.active = false;
+    }
+}
+
+}  // namespace
+
+void fill_adaptive_info(const controller & c, pls_adaptive_info & out) {
+    out = pls_adaptive_info{};
+    const controller_params & p = c.params();
+    const int32_t b = c.last_bucket();
+    out.enabled = p.adaptive;
+    out.n_max = p.n_max;
+    out.depth_bucket = b;
+    out.n_target_points = std::min(65, p.n_streams * (p.n_max + 1));
+    for (int32_t t = 1; t <= out.n_target_points; ++t) {
+        out.target_ms[t - 1] = c.target_cost(t, b);
+    }
+    out.draft_first_ms = c.draft_first_ms(b);
+    out.draft_token_ms = c.draft_token_ms(b);
+    out.draft_call_ms = c.draft_call_ms();
+    out.catchup_token_ms = c.catchup_token_ms(b);
+    out.catchup_limit = c.catchup_limit(b);
+    out.overhead_ms = c.overhead_ms();
+    const std::vector<double> h = c.pooled_hazards();
+    out.n_hazard = std::min<int32_t>((int32_t) h.size(), 64);
+    for (int32_t i = 0; i < out.n_hazard; ++i) {
+        out.hazard[i] = h[i];
+    }
+    out.plain_ms_per_token = c.plain_ms_per_token(b);
+    out.n_streams = std::min<int32_t>((int32_t) c.last_k().size(), 64);
+    for (int32_t i = 0; i < out.n_streams; ++i) {
+        out.last_k[i] = c.last_k()[i];
+    }
+}
+
+void publish_stats(pls_session & s) {
+    pls_adaptive_info info{};
+    if (s.ctl) {
+        const controller_counters & c = s.ctl->counters();
+        s.stats.n_probes = c.n_probes;
+        s.stats.n_guard = c.n_guard;
+        s.stats.est_plain_ms = c.est_plain_ms;
+        fill_adaptive_info(*s.ctl, info);
+    }
+    std::lock_guard<std::mutex> lock(s.stats_mu);
+    s.adaptive_pub = info;
+    s.stats_pub = s.stats;
+    s.stream_stats_pub.resize(s.streams.size());
+    for (size_t i = 0; i < s.streams.size(); ++i) {
+        s.stream_stats_pub[i] = s.streams[i].stats;
+    }
+}
+
+void reset_stats_now(pls_session & s) {
+    s.stats = pls_stats{};
+    for (auto & st : s.streams) {
+        const int64_t n_prompt = st.stats.n_prompt;
+        st.stats = pls_stats{};
+        st.stats.n_prompt = n_prompt;
+    }
+    if (s.ctl) {
+        s.ctl->reset_counters();
+    }
+    publish_stats(s);
+}
+
+int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
+    // reused across steps: clear, keep the capacity
+    out_tokens.resize(s.streams.size());
+    out_margins.resize(s.streams.size());
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        out_tokens[k].clear();
+        out_margins[k].clear();
+    }
+    if (s.reset_requested.exchange(false)) {
+        reset_stats_now(s);
+    }
+    if (!s.active) {
+        return 0;
+    }
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(ctx_tgt);
+    const int64_t t_step0 = now_us();
+
+    const bool stop = s.stop_requested.load();
+    for (auto & st : s.streams) {
+        if (st.active && stop) {
+            finish_stream(st, PLS_FINISH_STOPPED);
+        } else if (st.active && st.n_past + 1 >= n_ctx_seq) {
+            finish_stream(st, PLS_FINISH_CONTEXT);
+        }
+    }
+    bool any_active = false;
+    for (auto & st : s.streams) {
+        any_active = any_active || st.active;
+    }
+    if (!any_active) {
+        s.active = false;
+        if (stop) {
+            s.stop_requested.store(false);  // consumed
+        }
+        publish_stats(s);
+        return 0;
+    }
+
+    step_timing tm;
+    if (s.drafter_kind != DRAFTER_NONE) {
+        const int64_t t0 = now_us();
+        draft_phase(s, n_ctx_seq, tm);
+        s.stats.t_draft_ms += (now_us() - t0) / 1000.0;
+    }
+
+    // verify every active stream's [id_last, draft...] in one target batch, and sample every stream
+    common_batch & batch = s.batch;
+    std::vector<llama_tokens> ids(s.streams.size());
+    std::vector<common_sampler_ptr> saved(s.streams.size());
+    {
+        const int64_t t0 = now_us();
+        batch.clear();
+        for (auto & st : s.streams) {
+            if (!st.active) {
+                continue;
+            }
+            st.i_batch = (int32_t) batch.size();
+            batch.add(st.id_last, st.n_past, st.seq, true);
+            for (size_t i = 0; i < st.draft.size(); ++i) {
+                batch.add(st.draft[i], st.n_past + 1 + (int32_t) i, st.seq, true);
+            }
+        }
+        decode_or_throw(ctx_tgt, batch, "verification");
+        const int64_t t1 = now_us();
+        s.stats.t_verify_ms += (t1 - t0) / 1000.0;
+        if (s.spec) {
+            const bool processes = s.process_every_batch;
+            if (!common_speculative_process(s.spec, batch)) {
+                fail(PLS_ERR_DECODE, "the drafter failed to process the verified batch");
+            }
+            if (processes) {
+                s.stats.t_process_ms += (now_us() - t1) / 1000.0;
+            }
+        }
+        const int64_t t2 = now_us();
+        for (size_t k = 0; k < s.streams.size(); ++k) {
+            stream_state & st = s.streams[k];
+            if (!st.active) {
+                continue;
+            }
+            if (st.ckpt_valid) {
+                saved[k].reset(common_sampler_clone(st.smpl.get()));
+            }
+            ids[k] = sample_stream(s, st);
+        }
+        s.stats.t_sample_ms += (now_us() - t2) / 1000.0;
+        tm.target_ms = (now_us() - t0) / 1000.0;
+    }
+
+    // the controller's observation, taken before settling changes the streams
+    step_obs obs;
+    obs.k.assign(s.sp.n_parallel, 0);
+    obs.n_drafted.assign(s.sp.n_parallel, 0);
+    obs.n_accepted.assign(s.sp.n_parallel, 0);
+    obs.n_catchup.assign(s.sp.n_parallel, 0);
+    obs.depth.assign(s.sp.n_parallel, 0);
+    obs.active.assign(s.sp.n_parallel, 0);
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        stream_state & st = s.streams[k];
+        if (!st.active || st.replay) {
+            continue;
+        }
+        obs.active[st.seq] = 1;
+        obs.k[st.seq] = st.k;
+        obs.n_drafted[st.seq] = (int32_t) st.draft.size();
+        obs.n_accepted[st.seq] = (int32_t) ids[k].size() - 1;
+        obs.n_catchup[st.seq] = st.catchup;
+        obs.depth[st.seq] = st.n_past;
+        s.stats.n_catchup += st.catchup;
+        st.stats.n_catchup += st.catchup;
+    }
+
+    int32_t n_left = 0;
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        stream_state & st = s.streams[k];
+        if (st.active) {
+            settle(s, st, ids[k], saved[k], out_tokens[k], out_margins[k]);
+        }
+        n_left += st.active;
+    }
+    s.active = n_left > 0;
+    const double step_ms = (now_us() - t_step0) / 1000.0;
+    s.stats.t_decode_ms += step_ms;
+
+    obs.t_draft_first_ms = tm.draft_first_ms;
+    obs.t_draft_rest_ms = tm.draft_rest_ms;
+    obs.n_draft_iters = tm.draft_iters;
+    obs.t_draft_call_ms = tm.draft_call_ms;
+    obs.t_target_ms = tm.target_ms;
+    obs.t_step_ms = step_ms;
+    if (s.drafter_kind != DRAFTER_NONE) {
+        s.ctl->observe(obs);
+    }
+    if (!s.active && stop) {
+        s.stop_requested.store(false);
+    }
+    publish_stats(s);
+    return n_left;
+}
+
+void end_generation(pls_session & s, int32_t why) {
+    s.active = false;
+    for (auto & st : s.streams) {
+        if (st.active) {
+            finish_stream(st, why);
+        }
+    }
+    publish_stats(s);
+}
+
+void score_margins(pls_session & s, const int32_t * prompt, int32_t n_prompt, const int32_t * cont, int32_t n_cont,
+                   int32_t chunk, float * margins) {
+    if (n_cont < 1 || cont == nullptr || margins == nullptr) {
+        fail(PLS_ERR_INVALID, "nothing to score: the continuation is empty");
+    }
+    // the context keeps logits for n_max + 1 tokens of a sequence per batch (a verify batch's worth)
+    const int32_t max_chunk = s.params.n_outputs_max_per_seq;
+    if (chunk < 1 || chunk > max_chunk) {
+        fail(PLS_ERR_INVALID, "chunk=" + std::to_string(chunk) + " must be within 1.." + std::to_string(max_chunk) +
+                              " (n_max + 1: open the session with n_max >= chunk - 1)");
+    }
+    for (int32_t i = 0; i < n_cont; ++i) {
+        if (cont[i] < 0 || cont[i] >= s.n_vocab) {
+            fail(PLS_ERR_INVALID, "continuation token " + std::to_string(cont[i]) + " at position " + std::to_string(i) +
+                                  " is outside the vocab (" + std::to_string(s.n_vocab) + ")");
+        }
+    }
+    if (n_prompt + n_cont > (int32_t) llama_n_ctx_seq(s.ctx_tgt.get())) {
+        fail(PLS_ERR_CONTEXT, "prompt and continuation hold " + std::to_string(n_prompt + n_cont) +
+                              " tokens, but a stream's context holds " + std::to_string(llama_n_ctx_seq(s.ctx_tgt.get())));
+    }
+    // the prefill of a generation, then [last prompt token, continuation...] with every logit kept;
+    // scoring is not generation, so the session's counters are left as they were
+    const pls_stats saved = s.stats;
+    begin(s, prompt, &n_prompt, 1, 0);
+    stream_state & st = s.streams[0];
+    llama_tokens seq(1, st.id_last);
+    seq.insert(seq.end(), cont, cont + n_cont - 1);
+    common_batch & batch = s.batch;
+    for (int32_t i0 = 0; i0 < n_cont; i0 += chunk) {
+        batch.clear();
+        const int32_t i1 = std::min(n_cont, i0 + chunk);
+        for (int32_t i = i0; i < i1; ++i) {
+            batch.add(seq[i], st.n_past + i, st.seq, true);
+        }
+        decode_or_throw(s.ctx_tgt.get(), batch, "scoring");
+        for (int32_t i = i0; i < i1; ++i) {
+            margins[i] = top2_margin(llama_get_logits_ith(s.ctx_tgt.get(), i - i0), s.n_vocab);
+        }
+    }
+    finish_stream(st, PLS_FINISH_LENGTH);
+    s.active = false;
+    s.stats = saved;
+    publish_stats(s);
+}
+
+}  // namespace pls

@@ -1,0 +1,133 @@
+// A session's state, shared by the files of the speculative loop:
+//   session_plan.cpp  parameters, validation, pairing guards, placement, contexts (everything done at open)
+//   drafter.cpp       the draft model driven token by token (draft-simple), with catch-up after k = 0 steps
+//   loop.cpp          begin, one step (draft -> verify -> settle per stream), scoring
+//   session_api.cpp   the extern "C" entry points: locking, status codes, exceptions never escaping
+#pragma once
+
+#include "adaptive.h"
+#include "session_plan.h"
+
+#include "common.h"
+#include "sampling.h"
+#include "speculative.h"
+
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+namespace pls {
+
+enum rollback_kind : int32_t {
+    ROLLBACK_NONE = 0,
+    ROLLBACK_KV = 1,          // attention-only memory: partial seq_rm
+    ROLLBACK_RING = 2,        // recurrent-state snapshot ring (n_rs_seq)
+    ROLLBACK_CHECKPOINT = 3,  // save state before verify, restore + replay after a partial accept
+};
+
+int64_t now_us();
+
+struct scoped_timer {
+    double & acc_ms;
+    int64_t t0;
+    explicit scoped_timer(double & acc) : acc_ms(acc), t0(now_us()) {}
+    ~scoped_timer() { acc_ms += (now_us() - t0) / 1000.0; }
+};
+
+bool has_type(const std::vector<common_speculative_type> & types, common_speculative_type t);
+
+// The draft model's view of one stream: what of the stream its KV holds.
+struct draft_stream {
+    int32_t pos = 0;           // next position the drafter would write; tokens [pos, n_past) are pending
+    int32_t skipped_to = 0;    // catch-up may skip a stretch: positions below this that were never decoded
+    bool ckpt_valid = false;   // a state checkpoint of a drafter that cannot drop tokens
+    int32_t ckpt_pos = 0;
+};
+
+// One generated sequence of a session: its own position, draft, checkpoint, sampler and counters.
+struct stream_state {
+    llama_seq_id seq = 0;
+    bool active = false;
+    llama_tokens prompt_tgt;   // tokens at positions [0, n_past): all committed but id_last
+    llama_tokens draft;
+    llama_token id_last = 0;
+    int32_t n_past = 0;
+    int64_t n_emitted = 0;
+    common_prompt_checkpoint ckpt;
+    bool ckpt_valid = false;   // a target checkpoint was taken for the draft being verified
+    bool replay = false;       // this step re-decodes tokens restored from a checkpoint
+    int32_t i_batch = -1;      // where this stream's [id_last, draft...] starts in the verify batch
+    int32_t k = 0;             // this step's draft length (controller's choice within the cap)
+    int32_t catchup = 0;       // tokens the draft model caught up for this stream this step
+    bool engine_draft = false; // this step's draft came from upstream's engine (n-gram or its drafters)
+    int32_t n_accepted_step = 0;
+    int32_t finish = PLS_FINISH_NONE;
+    common_sampler_ptr smpl;
+    draft_stream dft;
+    pls_stats stats{};         // counters only; the session's stats hold the (shared) timings
+};
+
+// Per-step measurements handed to the controller.
+struct step_timing {
+    double draft_first_ms = 0.0;
+    double draft_rest_ms = 0.0;
+    int32_t draft_iters = 0;
+    double draft_call_ms = 0.0;
+    double target_ms = 0.0;
+};
+
+}  // namespace pls
+
+struct pls_session {
+    pls_model * target = nullptr;
+    pls_model * drafter = nullptr;
+    pls_session_params sp{};
+    common_params params;
+
+    llama_context_ptr ctx_tgt;
+    llama_context_ptr ctx_dft;
+    common_speculative * spec = nullptr;   // upstream drafters (and n-gram lookups); not the shim's draft model
+    common_batch batch;                    // prompt chunks and verify batches of the target, reused every step
+    common_batch batch_dft;                // the draft model's batches
+
+    int32_t n_max_effective = 0;
+    int32_t block_size = 0;
+    bool sample_from_anchor = true;        // DSpark block layout
+    int32_t rollback_tgt = pls::ROLLBACK_NONE;
+    int32_t rollback_dft = pls::ROLLBACK_NONE;
+    bool use_ckpt_tgt_always = false;      // FULL: every verify with a draft is checkpointed
+    bool use_ckpt_dft = false;             // the draft model cannot drop tokens: checkpoint + catch-up
+    int32_t n_rs_seq = 0;
+    uint64_t ring_bytes = 0;
+    int32_t n_vocab = 0;
+    std::string draft_device = "none";
+    int32_t drafter_kind = pls::DRAFTER_NONE;
+    bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself
+    bool process_every_batch = false;      // upstream drafters that read every target batch (EAGLE3, MTP, DFlash)
+    std::vector<llama_sampler *> dft_chains;  // device-side top-k of the draft model, one per sequence
+    std::vector<common_sampler_ptr> dft_smpl; // the draft model's samplers (top-k 10, as upstream's draft-simple)
+    std::vector<double> synth_probs;       // conditional acceptance probabilities (synthetic mode)
+    std::mt19937_64 synth_rng;
+
+    std::unique_ptr<pls::controller> ctl;
+
+    // generation state
+    bool active = false;                   // some stream is still generating
+    std::vector<pls::stream_state> streams;   // of the last begin; stream i is sequence i
+    int32_t n_predict = -1;
+    std::atomic<bool> stop_requested{false};
+
+    // one call at a time; stats published under their own lock so any thread may read them
+    std::mutex mu;
+    std::atomic<std::thread::id> owner{};
+    mutable std::mutex stats_mu;
+    pls_stats stats{};                     // owned by the calling thread while it holds mu
+    pls_stats stats_pub{};                 // what pls_get_stats reads
+    std::vector<pls_stats> stream_stats_pub;
+    pls_adaptive_info adaptive_pub{};
+    std::atomic<bool> reset_requested{false};
+
+    ~pls_session();
+};

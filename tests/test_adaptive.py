@@ -1,0 +1,255 @@
+"""The draft-length controller as a unit: an injected clock and scripted acceptance, no models.
+
+A simulated machine prices every step (target batch by tokens and depth, a draft model's decodes, a fixed
+overhead) and decides acceptance from a seeded generator; the controller sees only what the native loop
+would tell it. Deterministic: the same seed gives the same run.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from pyllamaspec import _native
+
+MODEL, AUTOREGRESSIVE, BLOCK, NGRAM = 1, 2, 3, 4
+
+
+@dataclass
+class Machine:
+    """Costs in ms. target(T, depth) = base * (1 + depth_growth * depth) + per_token * (T - 1) * (1 + verify_growth * depth)"""
+
+    base: float = 10.0
+    per_token: float = 2.0
+    depth_growth: float = 0.0
+    verify_growth: float = 0.0
+    draft_first: float = 2.0       # a draft model's first decode (one token)
+    draft_token: float = 1.5       # each further drafted token
+    catchup_token: float = 0.2     # per token caught up in the first decode
+    draft_call: float = 3.0        # one call of an upstream drafter (block / autoregressive / n-gram)
+    overhead: float = 0.3
+
+    def target(self, n_tokens: int, depth: int) -> float:
+        return (self.base * (1 + self.depth_growth * depth)
+                + self.per_token * (n_tokens - 1) * (1 + self.verify_growth * depth))
+
+
+@dataclass
+class Sim:
+    machine: Machine
+    n_max: int = 8
+    n_streams: int = 1
+    kind: int = MODEL
+    adaptive: bool = True
+    seed: int = 7
+    depth: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+    time_ms: float = 0.0
+    tokens: int = 0
+    plain_ms: float = 0.0           # what plain decoding of the same tokens at the same depths would cost
+    ks: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ffi, self.lib = _native.load()
+        p = self.ffi.new("pls_controller_params *")
+        p.n_max, p.n_streams, p.drafter_kind, p.adaptive, p.seed = self.n_max, self.n_streams, self.kind, int(self.adaptive), self.seed
+        slot = self.ffi.new("pls_controller **")
+        err = _native.ErrorBuffer(self.ffi)
+        _native.check(self.lib.pls_controller_new(p, slot, err.buf, err.SIZE), err)
+        self.ctl = self.ffi.gc(slot[0], self.lib.pls_controller_free)
+        self.rng = random.Random(self.seed)
+        self.depth = self.depth or [256] * self.n_streams
+        self.pending = [0] * self.n_streams
+
+    def step(self, accept: list[float] | float, active: list[int] | None = None) -> list[int]:
+        """One step: the controller chooses, the machine runs it, the controller observes. accept: the
+        probability that each drafted position is accepted given the earlier ones were, per stream."""
+        n = self.n_streams
+        accept = accept if isinstance(accept, list) else [accept] * n
+        active = active or [1] * n
+        caps = [self.n_max] * n
+        k = self.ffi.new("int32_t[]", n)
+        rc = self.lib.pls_controller_choose(self.ctl, self.ffi.new("int32_t[]", caps), self.ffi.new("int32_t[]", self.depth),
+                                            self.ffi.new("int32_t[]", active), self.ffi.new("int32_t[]", self.pending), k)
+        assert rc == 0
+        ks = [k[i] if active[i] else 0 for i in range(n)]
+        self.ks.append(ks)
+        m = self.machine
+        accepted, catchup = [0] * n, [0] * n
+        for i in range(n):
+            while accepted[i] < ks[i] and self.rng.random() < accept[i]:
+                accepted[i] += 1
+        drafting = [i for i in range(n) if active[i] and ks[i] > 0]
+        t_first = t_rest = t_call = 0.0
+        iters = 0
+        if drafting and self.kind == MODEL:
+            # a draft model further behind than the controller's limit restarts from the recent tokens
+            limit = self.info().catchup_limit
+            catchup = [min(self.pending[i], limit) if i in drafting else 0 for i in range(n)]
+            t_first = m.draft_first + m.catchup_token * sum(catchup) + 0.2 * m.draft_first * (len(drafting) - 1)
+            iters = max(ks) - 1
+            t_rest = sum(m.draft_token * (1 + 0.2 * (sum(1 for i in drafting if ks[i] > it) - 1)) for it in range(1, max(ks)))
+        elif drafting:
+            t_call = m.draft_call * (1 + 0.2 * (len(drafting) - 1))
+        n_tok = sum(ks[i] + 1 for i in range(n) if active[i])
+        mean_depth = sum(self.depth[i] for i in range(n) if active[i]) // max(1, sum(active))
+        t_target = m.target(n_tok, mean_depth)
+        t_step = t_first + t_rest + t_call + t_target + m.overhead
+        committed = [accepted[i] + 1 if active[i] else 0 for i in range(n)]
+        o = self.ffi.new("pls_step_observation *")
+        keep = [self.ffi.new("int32_t[]", v) for v in (ks, ks, accepted, catchup, self.depth, active)]
+        o.n_streams = n
+        o.k, o.n_drafted, o.n_accepted, o.n_catchup, o.depth, o.active = keep
+        o.t_draft_first_ms, o.t_draft_rest_ms, o.n_draft_iters = t_first, t_rest, iters
+        o.t_draft_call_ms, o.t_target_ms, o.t_step_ms = t_call, t_target, t_step
+        assert self.lib.pls_controller_observe(self.ctl, o) == 0
+        self.time_ms += t_step
+        n_active = sum(active)
+        self.plain_ms += sum(committed) * (m.target(n_active, mean_depth) + m.overhead) / n_active
+        self.tokens += sum(committed)
+        for i in range(n):
+            if active[i]:
+                self.depth[i] += committed[i]
+                # a draft model that drafted saw everything but what it never decoded; one that did not falls behind
+                self.pending[i] = (1 if accepted[i] == ks[i] else 0) if ks[i] > 0 else self.pending[i] + committed[i]
+        return ks
+
+    def run(self, n_steps: int, accept) -> "Sim":
+        for _ in range(n_steps):
+            self.step(accept)
+        return self
+
+    def info(self):
+        o = self.ffi.new("pls_adaptive_info *")
+        assert self.lib.pls_controller_info(self.ctl, o) == 0
+        return o
+
+    def stats(self):
+        o = self.ffi.new("pls_stats *")
+        assert self.lib.pls_controller_stats(self.ctl, o) == 0
+        return o
+
+
+def window(sim: Sim, start: int, stream: int = 0) -> list[int]:
+    return [ks[stream] for ks in sim.ks[start:]]
+
+
+CPU_LINEAR = Machine(base=27.0, per_token=24.0, draft_first=11.7, draft_token=11.7, catchup_token=10.3)
+GPU = Machine(base=3.7, per_token=0.35, draft_first=1.8, draft_token=1.6, catchup_token=0.03, draft_call=2.0)
+GPU_CHEAP_DRAFT = Machine(base=3.7, per_token=0.35, draft_first=0.5, draft_token=0.3, catchup_token=0.01)
+CPU_BATCHING = Machine(base=27.0, per_token=5.0, draft_first=6.0, draft_token=6.0, catchup_token=1.5)
+
+
+@pytest.mark.parametrize("machine", [CPU_LINEAR, GPU, CPU_BATCHING], ids=["cpu-linear", "gpu", "cpu-batching"])
+def test_zero_acceptance_settles_at_plain_within_five_percent(machine):
+    sim = Sim(machine).run(100, 0.0)
+    t0, tok0, plain0 = sim.time_ms, sim.tokens, sim.plain_ms
+    sim.run(3000, 0.0)
+    ratio = (sim.time_ms - t0) / (sim.plain_ms - plain0)
+    assert ratio <= 1.05, f"after warm-up the loop costs {ratio:.3f}x plain decoding at zero acceptance"
+    assert sum(1 for k in window(sim, 100) if k > 0) < 0.05 * 3000  # k = 0 but for sparse probes
+    assert sim.stats().k_hist[0] > 0.95 * 3000
+
+
+@pytest.mark.parametrize("kind", [MODEL, AUTOREGRESSIVE, BLOCK, NGRAM])
+def test_perfect_acceptance_reaches_n_max(kind):
+    sim = Sim(GPU, kind=kind).run(300, 1.0)
+    tail = window(sim, 200)
+    assert sum(1 for k in tail if k == sim.n_max) >= 0.9 * len(tail), tail[-20:]
+    assert sim.time_ms < 0.7 * sim.plain_ms  # and it pays
+
+
+def test_rising_verify_cost_with_depth_shrinks_k_then_turns_it_off():
+    # verifying extra tokens gets dearer as the context deepens (attention over it), acceptance stays 0.7
+    m = Machine(base=10.0, per_token=0.5, depth_growth=0.0, verify_growth=1.0 / 500, draft_first=1.0, draft_token=0.8,
+                catchup_token=0.05)
+    sim = Sim(m, n_max=8)
+    mean_k = []
+    while sim.depth[0] < 12000:
+        start = len(sim.ks)
+        d0 = sim.depth[0]
+        while sim.depth[0] < d0 + 1500:
+            sim.step(0.7)
+        ks = window(sim, start)
+        mean_k.append(sum(ks) / len(ks))
+    assert mean_k[0] >= 2.0, mean_k
+    assert mean_k[2] < mean_k[0], mean_k
+    # past the crossover (extra verified tokens cost more than they return) speculation is off but for probes
+    assert all(mk < 0.3 for mk in mean_k[-2:]), mean_k
+    assert sim.time_ms <= 1.03 * sim.plain_ms or sim.time_ms < sim.plain_ms
+
+
+def test_recovers_within_bounded_steps_after_acceptance_jumps():
+    sim = Sim(GPU).run(600, 0.0)  # prose: nothing lands, speculation off
+    assert sum(window(sim, 400)) < 0.1 * 200 * sim.n_max
+    jump = len(sim.ks)
+    sim.run(200, 0.9)  # code: almost everything lands
+    ks = window(sim, jump)
+    first_on = next(i for i in range(len(ks)) if sum(ks[i:i + 10]) >= 20)
+    assert first_on <= 250, f"speculation came back only {first_on} steps after the content changed"
+    t0, tok0, plain0 = sim.time_ms, sim.tokens, sim.plain_ms
+    sim.run(200, 0.9)
+    # at this acceptance and cost the best lengths are 3..4: 1.33x plain; the rate is flat around them
+    assert (sim.plain_ms - plain0) / (sim.time_ms - t0) >= 1.2
+
+
+def test_streams_with_different_acceptance_get_different_k():
+    sim = Sim(GPU_CHEAP_DRAFT, n_streams=2)
+    for _ in range(400):
+        sim.step([0.95, 0.05])
+    tail = sim.ks[200:]
+    k0 = sum(k[0] for k in tail) / len(tail)
+    k1 = sum(k[1] for k in tail) / len(tail)
+    assert k0 >= 4 and k1 <= 1, (k0, k1)
+
+
+def best_fixed(machine: Machine, accept: float, n_steps: int, n_max: int = 8) -> tuple[int, float]:
+    rates = {}
+    for k in range(n_max + 1):
+        sim = Sim(machine, n_max=k, adaptive=False, seed=3).run(n_steps, accept)
+        rates[k] = sim.tokens / sim.time_ms
+    k = max(rates, key=rates.get)
+    return k, rates[k]
+
+
+@pytest.mark.parametrize("machine,accept", [(GPU, 0.6), (GPU, 0.85), (CPU_BATCHING, 0.8), (CPU_LINEAR, 0.8),
+                                            (CPU_LINEAR, 0.95)],
+                         ids=["gpu-0.6", "gpu-0.85", "cpu-batching-0.8", "cpu-linear-0.8", "cpu-linear-0.95"])
+def test_adaptive_is_near_the_best_fixed_length_and_never_below_plain(machine, accept):
+    n = 1500
+    k_best, rate_best = best_fixed(machine, accept, n)
+    sim = Sim(machine, seed=3).run(n, accept)
+    rate = sim.tokens / sim.time_ms
+    plain_rate = sim.tokens / sim.plain_ms
+    assert rate >= 0.95 * rate_best, f"adaptive {rate:.4f} vs best fixed k={k_best} {rate_best:.4f} tok/ms"
+    assert rate >= 0.97 * plain_rate
+
+
+def test_not_adaptive_always_drafts_n_max():
+    sim = Sim(CPU_LINEAR, adaptive=False).run(50, 0.0)
+    assert all(k == [sim.n_max] for k in sim.ks)
+
+
+def test_learnt_costs_and_acceptance_are_reported():
+    sim = Sim(CPU_BATCHING).run(400, 0.8)
+    info = sim.info()
+    assert info.enabled == 1 and info.n_max == 8
+    # the target's plain cost is measured (calibration step), the batch costs grow with size
+    assert info.target_ms[0] == pytest.approx(CPU_BATCHING.target(1, 300), rel=0.1)
+    assert all(b >= a for a, b in zip(info.target_ms[0:9], info.target_ms[1:9]))
+    assert 0.6 < info.hazard[0] < 0.95
+    st = sim.stats()
+    assert st.est_plain_ms == pytest.approx(sim.plain_ms, rel=0.1)
+    assert sum(st.k_hist[i] for i in range(9)) == len(sim.ks)
+
+
+def test_bad_parameters_are_refused():
+    ffi, lib = _native.load()
+    p = ffi.new("pls_controller_params *")
+    p.n_max, p.n_streams, p.drafter_kind = 100, 1, MODEL
+    slot = ffi.new("pls_controller **")
+    err = _native.ErrorBuffer(ffi)
+    assert lib.pls_controller_new(p, slot, err.buf, err.SIZE) == _native.enum_values("enum pls_status")["PLS_ERR_INVALID"]
+    assert "n_max" in err.text
