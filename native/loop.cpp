@@ -449,6 +449,8 @@ void fill_adaptive_info(const controller & c, pls_adaptive_info & out) {
 }
 
 void publish_stats(pls_session & s) {
+    s.stats.n_graph_captures = graph_captures() - s.graph_captures0;
+    s.stats.n_graph_resets = graph_resets() - s.graph_resets0;
     pls_adaptive_info info{};
     if (s.ctl) {
         const controller_counters & c = s.ctl->counters();
@@ -468,6 +470,8 @@ void publish_stats(pls_session & s) {
 
 void reset_stats_now(pls_session & s) {
     s.stats = pls_stats{};
+    s.graph_captures0 = graph_captures();
+    s.graph_resets0 = graph_resets();
     for (auto & st : s.streams) {
         const int64_t n_prompt = st.stats.n_prompt;
         st.stats = pls_stats{};
@@ -544,17 +548,20 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         }
         decode_or_throw(ctx_tgt, batch, "verification");
         const int64_t t1 = now_us();
-        s.stats.t_verify_ms += (t1 - t0) / 1000.0;
         if (s.spec) {
-            const bool processes = s.process_every_batch;
             if (!common_speculative_process(s.spec, batch)) {
                 fail(PLS_ERR_DECODE, "the drafter failed to process the verified batch");
             }
-            if (processes) {
+            if (s.process_every_batch) {
                 s.stats.t_process_ms += (now_us() - t1) / 1000.0;
             }
         }
+        // the device finishing the batch (on a GPU the decode call only queued it)
+        const int64_t t_sync0 = now_us();
+        llama_synchronize(ctx_tgt);
         const int64_t t2 = now_us();
+        s.stats.t_sync_ms += (t2 - t_sync0) / 1000.0;
+        s.stats.t_verify_ms += (t2 - t0) / 1000.0 - (s.process_every_batch ? (t_sync0 - t1) / 1000.0 : 0.0);
         for (size_t k = 0; k < s.streams.size(); ++k) {
             stream_state & st = s.streams[k];
             if (!st.active) {

@@ -128,6 +128,8 @@ struct pls_session {
     std::vector<pls_stats> stream_stats_pub;
     pls_adaptive_info adaptive_pub{};
     std::atomic<bool> reset_requested{false};
+    int64_t graph_captures0 = 0;           // the process-wide graph counters when the stats were last reset
+    int64_t graph_resets0 = 0;
 
     ~pls_session();
 };

@@ -11,6 +11,8 @@
 namespace {
 
 std::atomic<int> g_log_level{0};  // errors only; -v raises it
+std::atomic<int64_t> g_graph_captures{0};
+std::atomic<int64_t> g_graph_resets{0};
 thread_local std::string t_last_error;
 
 // our 0..3 scale onto libllama-common's verbosity threshold
@@ -28,6 +30,14 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
         }
         if (!msg.empty()) {
             t_last_error = msg;
+        }
+    }
+    if (level == GGML_LOG_LEVEL_DEBUG && strstr(text, "CUDA graph warmup") != nullptr) {
+        // ggml-cuda/hip: "warmup complete" precedes a capture, "warmup reset" drops a graph for another shape
+        if (strstr(text, "complete") != nullptr) {
+            g_graph_captures.fetch_add(1, std::memory_order_relaxed);
+        } else if (strstr(text, "reset") != nullptr) {
+            g_graph_resets.fetch_add(1, std::memory_order_relaxed);
         }
     }
     int rank = 0;
@@ -70,6 +80,9 @@ void set_err(char * err, size_t err_size, const std::string & msg) {
     }
     snprintf(err, err_size, "%s", msg.c_str());
 }
+
+int64_t graph_captures() { return g_graph_captures.load(std::memory_order_relaxed); }
+int64_t graph_resets() { return g_graph_resets.load(std::memory_order_relaxed); }
 
 void model_retain(pls_model * m) {
     if (m) {

@@ -43,6 +43,10 @@ void clear_last_error();
 
 void set_err(char * err, size_t err_size, const std::string & msg);
 
+// process-wide counts of GPU graph captures and invalidations, read from ggml's debug log
+int64_t graph_captures();
+int64_t graph_resets();
+
 // reference counting of models: a session retains its models, pls_model_free releases the caller's share
 void model_retain(pls_model * m);
 void model_release(pls_model * m);

@@ -154,6 +154,7 @@ class NativeHandle:
         self._cv = threading.Condition()
         self._users: dict[int, int] = {}  # thread id -> nested calls
         self._closing = False
+        self._deferred = False  # close() came from inside a call: the last call out frees
 
     @property
     def closed(self) -> bool:
@@ -177,7 +178,7 @@ class NativeHandle:
                     del self._users[tid]
                 if not self._users:
                     self._cv.notify_all()
-                    if self._closing and self._ptr is not None:
+                    if self._deferred and self._ptr is not None:
                         free, self._ptr = self._ptr, None
             if free is not None:
                 self._free(free)
@@ -197,7 +198,8 @@ class NativeHandle:
             if before is not None:
                 before(self._ptr)  # e.g. ask a running generation to stop
             if self._users.get(threading.get_ident()):
-                return  # inside a call of this thread: freed when it returns
+                self._deferred = True  # inside a call of this thread: freed when it returns
+                return
             while self._users:
                 self._cv.wait()
             free, self._ptr = self._ptr, None

@@ -49,6 +49,9 @@ class Stats:
     t_sample_ms: float = 0.0
     t_decode_ms: float = 0.0
     t_process_ms: float = 0.0
+    t_sync_ms: float = 0.0            # waiting for the device to finish the target's batch (part of t_verify_ms)
+    n_graph_captures: int = 0         # CUDA/HIP graphs captured during the run (process-wide; 0 on the CPU)
+    n_graph_resets: int = 0           # graphs dropped because a batch of another shape came
     k_histogram: list[int] = field(default_factory=list)  # stream-steps per draft length k (index 0: plain steps)
     n_probes: int = 0
     n_guard: int = 0
@@ -108,7 +111,8 @@ class Stats:
             n_rollback_checkpoint=s.n_rollback_checkpoint, n_replayed=s.n_replayed,
             t_prefill_ms=s.t_prefill_ms, t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms,
             t_rollback_ms=s.t_rollback_ms, t_sample_ms=s.t_sample_ms, t_decode_ms=s.t_decode_ms,
-            t_process_ms=s.t_process_ms,
+            t_process_ms=s.t_process_ms, t_sync_ms=s.t_sync_ms, n_graph_captures=s.n_graph_captures,
+            n_graph_resets=s.n_graph_resets,
             k_histogram=[s.k_hist[i] for i in range(max((i + 1 for i in range(MAX_DRAFT + 1) if s.k_hist[i]), default=0))],
             n_probes=s.n_probes, n_guard=s.n_guard, n_catchup=s.n_catchup, est_plain_ms=s.est_plain_ms)
 
@@ -361,7 +365,7 @@ class SpecSession:
                 raise ConfigError(f"no stream {index} in the last generation")
             self._lib.pls_get_stats(h, shared)
         for name in ("t_prefill_ms", "t_draft_ms", "t_verify_ms", "t_rollback_ms", "t_sample_ms", "t_decode_ms",
-                     "t_process_ms", "est_plain_ms"):
+                     "t_process_ms", "t_sync_ms", "est_plain_ms", "n_graph_captures", "n_graph_resets"):
             setattr(s, name, getattr(shared, name))
         return Stats.from_native(s)
 

@@ -259,6 +259,9 @@ typedef struct pls_stats {
     int64_t n_guard;                /* times the ledger turned speculation off (realised speed behind plain) */
     int64_t n_catchup;              /* tokens a draft model caught up after steps without drafting */
     double  t_process_ms;           /* drafters that read the target's hidden states, after each target batch */
+    double  t_sync_ms;              /* waiting for the target's batch to finish on the device (part of t_verify_ms) */
+    int64_t n_graph_captures;       /* CUDA/HIP graphs captured during the run (process-wide; 0 on the CPU) */
+    int64_t n_graph_resets;         /* graphs invalidated because a batch of another shape came */
     double  est_plain_ms;           /* estimated time plain decoding would have taken for these tokens */
 } pls_stats;
 
