@@ -47,7 +47,7 @@ def test_full_command_line_parses():
 def test_defaults_are_the_trustworthy_ones():
     args = parse("-m", "t.gguf")
     assert args.repeat >= 8 and args.lock == "wait" and args.depth == [0]
-    assert args.classes == ["code", "prose", "reasoning"]
+    assert args.classes == ["code", "prose", "reasoning", "edit", "mixed"]
     assert args.chat_template == [True] and args.reasoning == [None]
     assert parse("-m", "t", "--external-speculative-simple").external_speculative_simple == "auto"
 

@@ -16,7 +16,7 @@ from importlib import resources
 
 from pyllamaspec.errors import ConfigError
 
-CONTENT_CLASSES = ("code", "prose", "reasoning")
+CONTENT_CLASSES = ("code", "prose", "reasoning", "edit", "mixed")
 
 
 @dataclass(frozen=True)
