@@ -275,6 +275,19 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
     }
 }
 
+// index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick)
+llama_token argmax(const float * logits, int32_t n_vocab) {
+    float best = logits[0];
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        best = std::max(best, logits[i]);
+    }
+    int32_t i = 0;
+    while (logits[i] != best) {
+        ++i;
+    }
+    return i;
+}
+
 // The target's verdict on one stream's draft: the committed tokens (accepted drafts + the target's own).
 llama_tokens sample_stream(pls_session & s, stream_state & st) {
     const size_t n_draft = st.draft.size();
@@ -306,6 +319,21 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
     }
     // force_reject: the zero-acceptance cost model - the target's own token at the first position only
     const bool refuse = s.sp.force_reject && !st.replay;
+    if (s.greedy) {
+        // temperature 0 with nothing else in the chain: the largest logit, without building and sorting a
+        // candidate list of the whole vocabulary for every verified row
+        llama_tokens ids;
+        const size_t n_check = refuse ? 0 : n_draft;
+        for (size_t i = 0; i <= n_check; ++i) {
+            const llama_token id = argmax(llama_get_logits_ith(ctx, idxs[i]), s.n_vocab);
+            common_sampler_accept(smpl, id, true);
+            ids.push_back(id);
+            if (i == n_check || id != st.draft[i]) {
+                break;
+            }
+        }
+        return ids;
+    }
     return common_sampler_sample_and_accept_n(smpl, ctx, refuse ? std::vector<int>{ idxs[0] } : idxs,
                                               refuse ? llama_tokens() : st.draft);
 }

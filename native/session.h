@@ -102,6 +102,7 @@ struct pls_session {
     int32_t n_rs_seq = 0;
     uint64_t ring_bytes = 0;
     int32_t n_vocab = 0;
+    bool greedy = false;                   // temperature 0 and nothing else to apply: verify by argmax
     std::string draft_device = "none";
     int32_t drafter_kind = pls::DRAFTER_NONE;
     bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself

@@ -434,6 +434,14 @@ void create_contexts(pls_session & s) {
 
 void setup_drafting(pls_session & s) {
     common_params & c = s.params;
+    {
+        int32_t n_suppress = 0;
+        llama_vocab_get_suppress_tokens(llama_model_get_vocab(s.target->model), &n_suppress);
+        const auto & sm = c.sampling;
+        s.greedy = sm.temp <= 0.0f && n_suppress == 0 && sm.logit_bias.empty() && common_grammar_value(sm.grammar).empty() &&
+                   sm.penalty_repeat == 1.0f && sm.penalty_freq == 0.0f && sm.penalty_present == 0.0f &&
+                   sm.dry_multiplier == 0.0f && sm.mirostat == 0;
+    }
     auto & types = c.speculative.types;
     s.own_draft_model = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE);
     const bool autoreg = has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
