@@ -544,8 +544,12 @@ void controller::observe(const step_obs & o) {
             draft_ms = o.t_draft_call_ms;
         }
     }
+    // a step that also processed prompts (continuous batching) says nothing of verify or overhead costs
+    const bool timed = o.t_step_ms >= 0.0 && o.t_target_ms >= 0.0;
     const double rest = std::max(0.0, o.t_step_ms - o.t_target_ms - draft_ms);
-    if (n_drafting > 0) {
+    if (!timed) {
+        // nothing to learn about overhead
+    } else if (n_drafting > 0) {
         overhead_spec_ = overhead_seen_spec_ ? overhead_spec_ + EMA * (rest - overhead_spec_) : rest;
         overhead_seen_spec_ = true;
     } else {
@@ -580,7 +584,7 @@ void controller::observe(const step_obs & o) {
     if (target_.known_at(n_active, bucket) || target_.known_at(1, bucket)) {
         counters_.est_plain_ms += committed * plain_tok;
     }
-    if (p_.adaptive && n_drafting > 0) {
+    if (p_.adaptive && n_drafting > 0 && timed) {
         for (int32_t i = 0; i < n; ++i) {
             if (o.active[i] && o.n_drafted[i] > 0) {
                 const int32_t rows = o.n_drafted[i] + 1;

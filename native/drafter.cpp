@@ -35,13 +35,8 @@ void save_ckpt(pls_session & s, stream_state & st) {
 
 }  // namespace
 
-void draft_model_feed(pls_session & s, const common_batch & batch) {
-    // the prompt goes to the draft model as it goes to the target: same batches, no outputs
-    s.batch_dft.clear();
-    for (int32_t i = 0; i < batch.size(); ++i) {
-        const auto & t = batch.tokens[i];
-        s.batch_dft.add(t.id, t.pos[0], t.seq_id, false);
-    }
+void draft_model_feed_batch(pls_session & s) {
+    // the prompt goes to the draft model as it goes to the target: the same tokens, no outputs
     if (s.batch_dft.size() > 0) {
         decode_dft(s, "prompt processing");
     }
@@ -132,7 +127,6 @@ void draft_model_run(pls_session & s, step_timing & tm) {
     tm.draft_first_ms += (now_us() - t0) / 1000.0;
 
     // one token per decode for every stream still drafting; each stops at its k or below p_min
-    const float p_min = s.params.speculative.draft.p_min;
     size_t n_left = drafting.size();
     while (n_left > 0) {
         const int64_t t1 = now_us();
@@ -146,7 +140,7 @@ void draft_model_run(pls_session & s, step_timing & tm) {
             const auto * cur_p = common_sampler_get_candidates(smpl, true);
             out_idx[st->seq] = -1;
             const llama_token id = cur_p->data[0].id;
-            if (cur_p->data[0].p < p_min) {
+            if (cur_p->data[0].p < st->p_min) {
                 n_left--;
                 continue;
             }
@@ -167,9 +161,8 @@ void draft_model_run(pls_session & s, step_timing & tm) {
         tm.draft_rest_ms += (now_us() - t1) / 1000.0;
         tm.draft_iters++;
     }
-    const int32_t n_min = s.params.speculative.draft.n_min;
     for (stream_state * st : drafting) {
-        if ((int32_t) st->draft.size() < n_min) {
+        if ((int32_t) st->draft.size() < st->n_min) {
             st->draft.clear();
         }
     }

@@ -59,7 +59,7 @@ void decode_or_throw(llama_context * ctx, common_batch & batch, const char * wha
     }
 }
 
-void reset_generation(pls_session & s, int32_t n_streams) {
+void reset_generation(pls_session & s) {
     llama_memory_clear(llama_get_memory(s.ctx_tgt.get()), true);
     if (s.ctx_dft) {
         llama_memory_clear(llama_get_memory(s.ctx_dft.get()), true);
@@ -79,96 +79,179 @@ void reset_generation(pls_session & s, int32_t n_streams) {
         }
     }
     s.streams.clear();
-    s.streams.resize(n_streams);
-    for (int32_t i = 0; i < n_streams; ++i) {
-        stream_state & st = s.streams[i];
-        st.seq = i;
-        common_params_sampling sampling = s.params.sampling;
-        if (i > 0 && sampling.seed != LLAMA_DEFAULT_SEED) {
-            sampling.seed += (uint32_t) i;  // streams of one seeded run sample differently, reproducibly
-        }
-        st.smpl.reset(common_sampler_init(s.target->model, sampling));
+    s.streams.resize(s.sp.n_parallel);
+    for (int32_t i = 0; i < s.sp.n_parallel; ++i) {
+        s.streams[i].seq = i;
         s.ctl->reset_stream(i);
     }
+    {
+        std::lock_guard<std::mutex> lock(s.ops_mu);
+        s.adds.clear();
+        s.cancels.clear();
+        s.reserved.assign(s.sp.n_parallel, 0);
+    }
+    s.n_begin = 0;
+    s.continuous = false;
     s.active = false;
 }
+
+void check_prompt(const pls_session & s, const int32_t * prompt, int32_t n_prompt, const std::string & who) {
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(s.ctx_tgt.get());
+    if (n_prompt < 1 || prompt == nullptr) {
+        fail(PLS_ERR_INVALID, who + "the prompt is empty");
+    }
+    if (n_prompt + 1 > n_ctx_seq) {
+        fail(PLS_ERR_CONTEXT, who + "the prompt has " + std::to_string(n_prompt) + " tokens, but the context holds " +
+                              std::to_string(n_ctx_seq) + (s.sp.n_parallel > 1 ? " per stream (n_ctx / n_parallel)" : " (n_ctx)") +
+                              "; raise n_ctx or shorten the prompt");
+    }
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        if (prompt[i] < 0 || prompt[i] >= s.n_vocab) {
+            fail(PLS_ERR_INVALID, who + "prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                                  " is outside the vocab (" + std::to_string(s.n_vocab) + ")");
+        }
+    }
+}
+
+// A sequence takes a slot: its memory cleared, its own sampler, its prompt queued for processing.
+void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p) {
+    const llama_seq_id seq = st.seq;
+    llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), seq, -1, -1);
+    if (s.ctx_dft) {
+        llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), seq, -1, -1);
+    }
+    st = stream_state{};
+    st.seq = seq;
+    st.used = true;
+    st.prefilling = true;
+    st.prompt_in.assign(prompt, prompt + n_prompt);
+    common_params_sampling sampling = s.params.sampling;
+    st.n_max_cap = s.n_max_effective;
+    st.p_min = s.params.speculative.draft.p_min;
+    st.n_min = s.params.speculative.draft.n_min;
+    if (p != nullptr) {
+        sampling.temp = p->temp;
+        sampling.top_k = p->top_k;
+        sampling.top_p = p->top_p;
+        sampling.min_p = p->min_p;
+        sampling.seed = p->seed;
+        st.n_predict = p->n_predict;
+        if (p->n_max >= 0) {
+            st.n_max_cap = std::min(p->n_max, s.n_max_effective);
+        }
+        if (p->n_min >= 0) {
+            st.n_min = std::min(p->n_min, st.n_max_cap);
+        }
+        if (p->p_min >= 0.0f) {
+            st.p_min = p->p_min;
+        }
+    } else if (seq > 0 && sampling.seed != LLAMA_DEFAULT_SEED) {
+        sampling.seed += (uint32_t) seq;  // streams of one seeded run sample differently, reproducibly
+    }
+    st.greedy = s.greedy && sampling.temp <= 0.0f;
+    st.smpl.reset(common_sampler_init(s.target->model, sampling));
+    st.prompt_tgt.reserve(llama_n_ctx_seq(s.ctx_tgt.get()));
+    st.stats.n_prompt = n_prompt;
+    s.stats.n_prompt += n_prompt;
+    s.ctl->reset_stream(seq);
+    s.active = true;
+}
+
+namespace {
+
+// Prompt chunks of the sequences still processing theirs, after whatever the batch already holds, up to n_batch.
+// All but each prompt's last token are decoded here; the last becomes the first token the sequence verifies.
+void add_prompt_chunks(pls_session & s, common_batch & batch) {
+    const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
+    for (auto & st : s.streams) {
+        st.n_prompt_step = 0;
+        if (!st.prefilling) {
+            continue;
+        }
+        const int32_t n_body = (int32_t) st.prompt_in.size() - 1;
+        while (st.n_prefilled < n_body && (int32_t) batch.size() < n_batch) {
+            batch.add(st.prompt_in[st.n_prefilled], st.n_prefilled, st.seq, false);
+            st.n_prefilled++;
+            st.n_prompt_step++;
+        }
+    }
+}
+
+// Sequences whose whole prompt is in the contexts now start generating.
+void finish_prompts(pls_session & s) {
+    for (auto & st : s.streams) {
+        if (!st.prefilling || st.n_prefilled < (int32_t) st.prompt_in.size() - 1) {
+            continue;
+        }
+        st.prefilling = false;
+        st.prompt_tgt.assign(st.prompt_in.begin(), st.prompt_in.end() - 1);
+        st.id_last = st.prompt_in.back();
+        st.n_past = (int32_t) st.prompt_tgt.size();
+        st.dft.pos = st.n_past;  // the draft model saw the prompt with the target
+        llama_tokens().swap(st.prompt_in);
+        if (s.spec) {
+            common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
+        }
+        st.active = true;
+    }
+}
+
+// the decoded batch to the drafters that read the target's batches (engine) or the prompt (the draft model)
+void feed_drafters(pls_session & s, common_batch & batch, int32_t prompt_from) {
+    if (s.spec && !common_speculative_process(s.spec, batch)) {
+        fail(PLS_ERR_DECODE, "the drafter failed to process the target's batch");
+    }
+    if (s.own_draft_model && prompt_from < batch.size()) {
+        common_batch & b = s.batch_dft;
+        b.clear();
+        for (int32_t i = prompt_from; i < batch.size(); ++i) {
+            const auto & t = batch.tokens[i];
+            b.add(t.id, t.pos[0], t.seq_id, false);
+        }
+        draft_model_feed_batch(s);
+    }
+}
+
+}  // namespace
 
 void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams, int32_t n_predict) {
     if (n_streams < 1 || n_streams > s.sp.n_parallel) {
         fail(PLS_ERR_INVALID, std::to_string(n_streams) + " prompts for a session of n_parallel=" + std::to_string(s.sp.n_parallel) +
                               " streams");
     }
-    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(s.ctx_tgt.get());
+    if (s.continuous && s.active) {
+        fail(PLS_ERR_BUSY, "sequences added with pls_seq_add are running; a begin would drop them");
+    }
     int64_t off = 0;
     for (int32_t k = 0; k < n_streams; ++k) {
-        const std::string who = n_streams > 1 ? "prompt " + std::to_string(k) + ": " : std::string();
-        if (n_prompt[k] < 1) {
-            fail(PLS_ERR_INVALID, who + "the prompt is empty");
-        }
-        if (n_prompt[k] + 1 > n_ctx_seq) {
-            fail(PLS_ERR_CONTEXT, who + "the prompt has " + std::to_string(n_prompt[k]) + " tokens, but the context holds " +
-                                  std::to_string(n_ctx_seq) + (s.sp.n_parallel > 1 ? " per stream (n_ctx / n_parallel)" : " (n_ctx)") +
-                                  "; raise n_ctx or shorten the prompt");
-        }
-        for (int32_t i = 0; i < n_prompt[k]; ++i) {
-            const int32_t t = prompts[off + i];
-            if (t < 0 || t >= s.n_vocab) {
-                fail(PLS_ERR_INVALID, who + "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
-                                      " is outside the vocab (" + std::to_string(s.n_vocab) + ")");
-            }
-        }
+        check_prompt(s, prompts + off, n_prompt[k], n_streams > 1 ? "prompt " + std::to_string(k) + ": " : std::string());
         off += n_prompt[k];
     }
-    reset_generation(s, n_streams);
-    s.n_predict = n_predict;
-
-    // prefill every stream's prompt but its last token, packed into as few target batches as fit
+    reset_generation(s);
+    s.n_begin = n_streams;
+    off = 0;
+    for (int32_t k = 0; k < n_streams; ++k) {
+        start_stream(s, s.streams[k], prompts + off, n_prompt[k], nullptr);
+        s.streams[k].n_predict = n_predict;
+        off += n_prompt[k];
+    }
     {
-        scoped_timer t(s.stats.t_prefill_ms);
-        const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_tgt.get());
-        common_batch & batch = s.batch;
+        std::lock_guard<std::mutex> lock(s.ops_mu);
+        std::fill(s.reserved.begin(), s.reserved.begin() + n_streams, 1);
+    }
+    // every prompt but its last token, packed into as few target batches as fit
+    scoped_timer t(s.stats.t_prefill_ms);
+    common_batch & batch = s.batch;
+    for (;;) {
         batch.clear();
-        auto flush = [&]() {
-            if (batch.size() == 0) {
-                return;
-            }
-            decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
-            if (s.spec && !common_speculative_process(s.spec, batch)) {
-                fail(PLS_ERR_DECODE, "the drafter failed to process the prompt");
-            }
-            if (s.own_draft_model) {
-                draft_model_feed(s, batch);
-            }
-            batch.clear();
-        };
-        off = 0;
-        for (int32_t k = 0; k < n_streams; ++k) {
-            stream_state & st = s.streams[k];
-            const int32_t * p = prompts + off;
-            off += n_prompt[k];
-            for (int32_t i = 0; i < n_prompt[k] - 1; ++i) {
-                if ((int32_t) batch.size() >= n_batch) {
-                    flush();
-                }
-                batch.add(p[i], i, st.seq, false);
-            }
-            st.prompt_tgt.reserve(n_ctx_seq);
-            st.prompt_tgt.assign(p, p + n_prompt[k] - 1);
-            st.id_last = p[n_prompt[k] - 1];
-            st.n_past = n_prompt[k] - 1;
-            st.dft.pos = st.n_past;  // the draft model saw the prompt with the target
-            st.stats.n_prompt = n_prompt[k];
-            s.stats.n_prompt += n_prompt[k];
+        add_prompt_chunks(s, batch);
+        if (batch.size() == 0) {
+            break;
         }
-        flush();
+        decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
+        feed_drafters(s, batch, 0);
     }
-    for (auto & st : s.streams) {
-        if (s.spec) {
-            common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
-        }
-        st.active = true;
-    }
-    s.active = true;
+    finish_prompts(s);
 }
 
 namespace {
@@ -187,9 +270,9 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
             continue;
         }
         // n_max caps every type; the context and n_predict cap each stream
-        int32_t cap = std::min(s.n_max_effective, n_ctx_seq - st.n_past - 2);
-        if (s.n_predict >= 0) {
-            cap = std::min<int32_t>(cap, s.n_predict - (int32_t) st.n_emitted - 1);
+        int32_t cap = std::min(st.n_max_cap, n_ctx_seq - st.n_past - 2);
+        if (st.n_predict >= 0) {
+            cap = std::min<int32_t>(cap, st.n_predict - (int32_t) st.n_emitted - 1);
         }
         caps[st.seq] = std::max(cap, 0);
         depth[st.seq] = st.n_past;
@@ -319,7 +402,7 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
     }
     // force_reject: the zero-acceptance cost model - the target's own token at the first position only
     const bool refuse = s.sp.force_reject && !st.replay;
-    if (s.greedy) {
+    if (st.greedy) {
         // temperature 0 with nothing else in the chain: the largest logit, without building and sorting a
         // candidate list of the whole vocabulary for every verified row
         llama_tokens ids;
@@ -396,7 +479,7 @@ void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampl
             st.finish = PLS_FINISH_EOG;
             break;
         }
-        if (s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+        if (st.n_predict >= 0 && st.n_emitted >= st.n_predict) {
             st.finish = PLS_FINISH_LENGTH;
             break;
         }
@@ -437,7 +520,7 @@ void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampl
     st.draft.clear();
     st.stats.n_generated += (int64_t) (out_tokens.size());
     s.stats.n_generated += (int64_t) (out_tokens.size());
-    if (st.finish == PLS_FINISH_NONE && s.n_predict >= 0 && st.n_emitted >= s.n_predict) {
+    if (st.finish == PLS_FINISH_NONE && st.n_predict >= 0 && st.n_emitted >= st.n_predict) {
         st.finish = PLS_FINISH_LENGTH;
     }
     if (st.finish != PLS_FINISH_NONE) {
@@ -530,18 +613,17 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     const int64_t t_step0 = now_us();
 
     const bool stop = s.stop_requested.load();
+    bool any = false;
     for (auto & st : s.streams) {
-        if (st.active && stop) {
+        if ((st.active || st.prefilling) && stop) {
+            st.prefilling = false;
             finish_stream(st, PLS_FINISH_STOPPED);
         } else if (st.active && st.n_past + 1 >= n_ctx_seq) {
             finish_stream(st, PLS_FINISH_CONTEXT);
         }
+        any = any || st.active || st.prefilling;
     }
-    bool any_active = false;
-    for (auto & st : s.streams) {
-        any_active = any_active || st.active;
-    }
-    if (!any_active) {
+    if (!any) {
         s.active = false;
         if (stop) {
             s.stop_requested.store(false);  // consumed
@@ -551,16 +633,21 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     }
 
     step_timing tm;
-    if (s.drafter_kind != DRAFTER_NONE) {
+    bool drafting = false;
+    for (auto & st : s.streams) {
+        drafting = drafting || st.active;
+    }
+    if (s.drafter_kind != DRAFTER_NONE && drafting) {
         const int64_t t0 = now_us();
         draft_phase(s, n_ctx_seq, tm);
         s.stats.t_draft_ms += (now_us() - t0) / 1000.0;
     }
 
-    // verify every active stream's [id_last, draft...] in one target batch, and sample every stream
+    // one target batch: every active stream's [id_last, draft...], then chunks of prompts still being processed
     common_batch & batch = s.batch;
     std::vector<llama_tokens> ids(s.streams.size());
     std::vector<common_sampler_ptr> saved(s.streams.size());
+    int32_t n_prompt_rows = 0;
     {
         const int64_t t0 = now_us();
         batch.clear();
@@ -574,15 +661,16 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
                 batch.add(st.draft[i], st.n_past + 1 + (int32_t) i, st.seq, true);
             }
         }
-        decode_or_throw(ctx_tgt, batch, "verification");
+        const int32_t prompt_from = batch.size();
+        add_prompt_chunks(s, batch);
+        n_prompt_rows = batch.size() - prompt_from;
+        if (batch.size() > 0) {
+            decode_or_throw(ctx_tgt, batch, prompt_from > 0 ? "verification" : "prompt processing");
+        }
         const int64_t t1 = now_us();
-        if (s.spec) {
-            if (!common_speculative_process(s.spec, batch)) {
-                fail(PLS_ERR_DECODE, "the drafter failed to process the verified batch");
-            }
-            if (s.process_every_batch) {
-                s.stats.t_process_ms += (now_us() - t1) / 1000.0;
-            }
+        feed_drafters(s, batch, prompt_from);
+        if (s.process_every_batch) {
+            s.stats.t_process_ms += (now_us() - t1) / 1000.0;
         }
         // the device finishing the batch (on a GPU the decode call only queued it)
         const int64_t t_sync0 = now_us();
@@ -614,6 +702,8 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     obs.active.assign(s.sp.n_parallel, 0);
     for (size_t k = 0; k < s.streams.size(); ++k) {
         stream_state & st = s.streams[k];
+        st.n_drafted_step = 0;
+        st.n_accepted_step = 0;
         if (!st.active || st.replay) {
             continue;
         }
@@ -623,6 +713,7 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         obs.n_accepted[st.seq] = (int32_t) ids[k].size() - 1;
         obs.n_catchup[st.seq] = st.catchup;
         obs.depth[st.seq] = st.n_past;
+        st.n_drafted_step = (int32_t) st.draft.size();
         s.stats.n_catchup += st.catchup;
         st.stats.n_catchup += st.catchup;
     }
@@ -633,19 +724,23 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         if (st.active) {
             settle(s, st, ids[k], saved[k], out_tokens[k], out_margins[k]);
         }
-        n_left += st.active;
+    }
+    finish_prompts(s);
+    for (auto & st : s.streams) {
+        n_left += st.active || st.prefilling;
     }
     s.active = n_left > 0;
     const double step_ms = (now_us() - t_step0) / 1000.0;
     s.stats.t_decode_ms += step_ms;
 
-    obs.t_draft_first_ms = tm.draft_first_ms;
-    obs.t_draft_rest_ms = tm.draft_rest_ms;
-    obs.n_draft_iters = tm.draft_iters;
-    obs.t_draft_call_ms = tm.draft_call_ms;
-    obs.t_target_ms = tm.target_ms;
-    obs.t_step_ms = step_ms;
-    if (s.drafter_kind != DRAFTER_NONE) {
+    if (s.drafter_kind != DRAFTER_NONE && drafting) {
+        obs.t_draft_first_ms = tm.draft_first_ms;
+        obs.t_draft_rest_ms = tm.draft_rest_ms;
+        obs.n_draft_iters = tm.draft_iters;
+        obs.t_draft_call_ms = tm.draft_call_ms;
+        // prompt chunks in the batch make its cost no verify cost: acceptance is learnt, costs are not
+        obs.t_target_ms = n_prompt_rows > 0 ? -1.0 : tm.target_ms;
+        obs.t_step_ms = n_prompt_rows > 0 ? -1.0 : step_ms;
         s.ctl->observe(obs);
     }
     if (!s.active && stop) {
@@ -653,6 +748,68 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     }
     publish_stats(s);
     return n_left;
+}
+
+int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
+    events.clear();
+    // what other threads asked for since the last step
+    std::vector<pls_session::pending_add> adds;
+    std::vector<int32_t> cancels;
+    {
+        std::lock_guard<std::mutex> lock(s.ops_mu);
+        adds.swap(s.adds);
+        cancels.swap(s.cancels);
+    }
+    for (auto & a : adds) {
+        start_stream(s, s.streams[a.slot], a.prompt.data(), (int32_t) a.prompt.size(), &a.params);
+    }
+    for (int32_t slot : cancels) {
+        stream_state & st = s.streams[slot];
+        if (st.used && (st.active || st.prefilling)) {
+            st.prefilling = false;
+            finish_stream(st, PLS_FINISH_STOPPED);
+        }
+    }
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<std::vector<float>> mrg;
+    step(s, toks, mrg);
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        stream_state & st = s.streams[k];
+        if (!st.used) {
+            continue;
+        }
+        const bool done = !st.active && !st.prefilling;
+        if (toks[k].empty() && st.n_prompt_step == 0 && !done) {
+            continue;
+        }
+        pls_seq_event e{};
+        e.slot = st.seq;
+        e.finish = done ? (st.finish == PLS_FINISH_NONE ? PLS_FINISH_STOPPED : st.finish) : PLS_FINISH_NONE;
+        e.n_tokens = (int32_t) toks[k].size();
+        std::copy(toks[k].begin(), toks[k].end(), e.tokens);
+        e.n_drafted = st.n_drafted_step;
+        e.n_accepted = st.n_accepted_step;
+        e.n_prompt = st.n_prompt_step;
+        events.push_back(e);
+        if (done) {
+            // the slot is free at once: its memory, ring planes and draft state are cleared for the next sequence
+            llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), st.seq, -1, -1);
+            if (s.ctx_dft) {
+                llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), st.seq, -1, -1);
+            }
+            const llama_seq_id seq = st.seq;
+            st = stream_state{};
+            st.seq = seq;
+            std::lock_guard<std::mutex> lock(s.ops_mu);
+            s.reserved[seq] = 0;
+        }
+    }
+    int32_t n = 0;
+    std::lock_guard<std::mutex> lock(s.ops_mu);
+    for (char r : s.reserved) {
+        n += r != 0;
+    }
+    return n;
 }
 
 void end_generation(pls_session & s, int32_t why) {
@@ -691,6 +848,7 @@ void score_margins(pls_session & s, const int32_t * prompt, int32_t n_prompt, co
     const pls_stats saved = s.stats;
     begin(s, prompt, &n_prompt, 1, 0);
     stream_state & st = s.streams[0];
+    st.n_predict = 0;
     llama_tokens seq(1, st.id_last);
     seq.insert(seq.end(), cont, cont + n_cont - 1);
     common_batch & batch = s.batch;

@@ -49,7 +49,16 @@ struct draft_stream {
 // One generated sequence of a session: its own position, draft, checkpoint, sampler and counters.
 struct stream_state {
     llama_seq_id seq = 0;
-    bool active = false;
+    bool used = false;         // the slot holds a sequence (of this generation, or added to the running batch)
+    bool active = false;       // generating (prompt processed, not finished)
+    bool prefilling = false;   // prompt tokens still to process
+    llama_tokens prompt_in;    // the whole prompt while it is processed
+    int32_t n_prefilled = 0;
+    int32_t n_prompt_step = 0; // prompt tokens processed in this step
+    int32_t n_predict = -1;    // per sequence: -1 until the end of generation or context
+    int32_t n_max_cap = -1;    // per sequence draft ceiling (-1: the session's)
+    float p_min = 0.0f;        // per sequence (the shim's draft model)
+    int32_t n_min = 0;
     llama_tokens prompt_tgt;   // tokens at positions [0, n_past): all committed but id_last
     llama_tokens draft;
     llama_token id_last = 0;
@@ -62,8 +71,10 @@ struct stream_state {
     int32_t k = 0;             // this step's draft length (controller's choice within the cap)
     int32_t catchup = 0;       // tokens the draft model caught up for this stream this step
     bool engine_draft = false; // this step's draft came from upstream's engine (n-gram or its drafters)
+    int32_t n_drafted_step = 0;
     int32_t n_accepted_step = 0;
     int32_t finish = PLS_FINISH_NONE;
+    bool greedy = false;       // verify by argmax (temperature 0, nothing else in the sampler chain)
     common_sampler_ptr smpl;
     draft_stream dft;
     pls_stats stats{};         // counters only; the session's stats hold the (shared) timings
@@ -114,11 +125,23 @@ struct pls_session {
 
     std::unique_ptr<pls::controller> ctl;
 
-    // generation state
-    bool active = false;                   // some stream is still generating
-    std::vector<pls::stream_state> streams;   // of the last begin; stream i is sequence i
-    int32_t n_predict = -1;
+    // generation state: one slot per sequence the contexts hold; stream i is sequence i
+    bool active = false;                   // some stream is still generating or processing its prompt
+    std::vector<pls::stream_state> streams;
+    int32_t n_begin = 0;                   // streams of the last begin (slots 0..n_begin-1); 0 in continuous mode
+    bool continuous = false;               // sequences join and leave the running batch (pls_seq_add)
     std::atomic<bool> stop_requested{false};
+
+    // sequences added or cancelled from any thread, applied at the next step
+    struct pending_add {
+        int32_t slot;
+        llama_tokens prompt;
+        pls_seq_params params;
+    };
+    std::mutex ops_mu;
+    std::vector<pending_add> adds;
+    std::vector<int32_t> cancels;
+    std::vector<char> reserved;            // slot taken by a sequence (pending or running), under ops_mu
 
     // one call at a time; stats published under their own lock so any thread may read them
     std::mutex mu;

@@ -135,12 +135,16 @@ def _status_table() -> dict[int, type]:
     return {value: _STATUS_ERRORS[name] for name, value in names.items() if name in _STATUS_ERRORS}
 
 
+def error_for(rc: int, message: str, default: type[PyllamaspecError] = GenerationError) -> PyllamaspecError:
+    """The exception a negative status code stands for (PLS_ERR_INTERNAL and unknown codes: ``default``)."""
+    return _status_table().get(rc, default)(message or f"native call failed with status {rc}")
+
+
 def check(rc: int, err: "ErrorBuffer | str", default: type[PyllamaspecError] = GenerationError) -> int:
     """Raise the exception a negative status code stands for (PLS_ERR_INTERNAL: ``default``); return rc."""
     if rc >= 0:
         return rc
-    message = err if isinstance(err, str) else err.text
-    raise _status_table().get(rc, default)(message or f"native call failed with status {rc}")
+    raise error_for(rc, err if isinstance(err, str) else err.text, default)
 
 
 class NativeHandle:

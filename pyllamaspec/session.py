@@ -154,6 +154,18 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
+class SequenceEvent:
+    """What one step did for one sequence of a running batch (SpecSession.step_sequences)."""
+
+    slot: int
+    tokens: list[int]             # committed in this step
+    finish_reason: str | None     # None while the sequence goes on
+    n_drafted: int
+    n_accepted: int
+    n_prompt: int                 # prompt tokens processed in this step
+
+
+@dataclass(frozen=True)
 class AdaptiveInfo:
     """What the draft-length controller has learnt so far: costs measured on this machine (ms) and
     acceptance estimates. target_ms[i] is a target batch of i + 1 tokens at the last step's depth."""
@@ -523,6 +535,70 @@ class SpecSession:
             self._release()
         self._raise_native(rc, err)
         return list(out)
+
+    # -- continuous batching ------------------------------------------------------------------
+
+    def submit(self, prompt: str | Sequence[int], n_predict: int = 128, *, temp: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+               seed: int | None = None, n_max: int | None = None, n_min: int | None = None,
+               p_min: float | None = None) -> int:
+        """Queue a sequence to join the running batch (any thread); returns its slot. Its prompt is processed in
+        chunks alongside the other sequences at the next step_sequences() calls. Settings left None are the
+        session's; n_max may only lower the session's draft ceiling."""
+        import math
+
+        tokens = self._prompt_tokens(prompt)
+        if not isinstance(n_predict, int) or isinstance(n_predict, bool) or not -1 <= n_predict < 2 ** 31:
+            raise ConfigError(f"n_predict must be an int >= -1 (-1: no limit), not {n_predict!r}")
+        c = self.config
+        values = {"temp": c.temp if temp is None else temp, "top_p": c.top_p if top_p is None else top_p,
+                  "min_p": c.min_p if min_p is None else min_p, "p_min": -1.0 if p_min is None else p_min}
+        for name, v in values.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, not {v!r}")
+        ints = {"top_k": c.top_k if top_k is None else top_k, "seed": c.seed if seed is None else seed,
+                "n_max": -1 if n_max is None else n_max, "n_min": -1 if n_min is None else n_min}
+        for name, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ConfigError(f"{name} must be an int, not {v!r}")
+        if not 0 <= ints["seed"] <= 0xFFFFFFFF:
+            raise ConfigError(f"seed={ints['seed']} must fit in 32 bits")
+        if ints["n_max"] > MAX_DRAFT or ints["n_min"] > MAX_DRAFT or ints["top_k"] > 2 ** 30:
+            raise ConfigError(f"n_max and n_min must be at most {MAX_DRAFT}")
+        ffi = self._ffi
+        p = ffi.new("pls_seq_params *")
+        p.n_predict = n_predict
+        for name, v in {**values, **ints}.items():
+            setattr(p, name, v)
+        slot = ffi.new("int32_t *")
+        err = _native.ErrorBuffer(ffi)
+        with self._handle.use() as h:
+            rc = self._lib.pls_seq_add(h, ffi.new("int32_t[]", tokens), len(tokens), p, slot, err.buf, err.SIZE)
+        self._raise_native(rc, err)
+        return slot[0]
+
+    def cancel(self, slot: int) -> bool:
+        """End a submitted sequence at the next step (any thread). False if the slot holds no sequence."""
+        if not isinstance(slot, int) or isinstance(slot, bool):
+            raise ConfigError(f"a slot is an int, not {slot!r}")
+        with self._handle.use() as h:
+            return self._lib.pls_seq_cancel(h, slot) == 0
+
+    def step_sequences(self) -> tuple[list[SequenceEvent], int]:
+        """One step of the running batch: (events, sequences still running or queued). One thread steps."""
+        ffi = self._ffi
+        n_par = self.info.n_parallel
+        events = ffi.new("pls_seq_event[]", n_par)
+        n_events = ffi.new("int32_t *")
+        err = _native.ErrorBuffer(ffi)
+        with self._handle.use() as h:
+            left = self._lib.pls_step_seqs(h, events, n_par, n_events, err.buf, err.SIZE)
+            out = [SequenceEvent(slot=e.slot, tokens=list(e.tokens[0:e.n_tokens]), finish_reason=FINISH_REASONS[e.finish],
+                                 n_drafted=e.n_drafted, n_accepted=e.n_accepted, n_prompt=e.n_prompt)
+                   for e in (events[i] for i in range(n_events[0]))]
+        if left < 0:
+            raise _native.error_for(left, err.text, GenerationError)
+        return out, left
 
     # -- several streams ---------------------------------------------------------------------
 

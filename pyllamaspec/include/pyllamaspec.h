@@ -332,6 +332,43 @@ int32_t pls_step_streams(pls_session * session, int32_t * tokens, float * margin
  * Returns PLS_OK, or PLS_ERR_INVALID for a stream that does not exist. */
 int32_t pls_get_stream_stats(const pls_session * session, int32_t stream, pls_stats * out);
 
+/* Continuous batching: sequences join and leave a running batch. pls_seq_add (any thread) queues a prompt with
+ * its own sampling and draft settings and returns its slot at once; the next pls_step_seqs processes its prompt in
+ * chunks inside the same target batches as the other sequences' verify rows (within n_batch), then it drafts and
+ * verifies with them. pls_seq_cancel (any thread) ends a sequence at the next step. A finished sequence's slot -
+ * its KV, snapshot ring and draft state - is freed in the step that reports its finish. Not mixed with
+ * pls_begin/pls_begin_streams (PLS_ERR_BUSY while the other mode has sequences). */
+typedef struct pls_seq_params {
+    int32_t  n_predict;             /* -1: until an end-of-generation token or the context is full */
+    float    temp;                  /* <= 0: greedy */
+    int32_t  top_k;
+    float    top_p;
+    float    min_p;
+    uint32_t seed;
+    int32_t  n_max;                 /* this sequence's draft ceiling (<= the session's n_max); -1: the session's */
+    int32_t  n_min;                 /* -1: the session's */
+    float    p_min;                 /* < 0: the session's */
+} pls_seq_params;
+
+typedef struct pls_seq_event {
+    int32_t slot;
+    int32_t finish;                 /* PLS_FINISH_*: NONE while the sequence goes on */
+    int32_t n_tokens;               /* tokens committed in this step */
+    int32_t n_drafted;              /* drafted for this sequence in this step */
+    int32_t n_accepted;
+    int32_t n_prompt;               /* prompt tokens processed in this step */
+    int32_t tokens[65];
+} pls_seq_event;
+
+int32_t pls_seq_add(pls_session * session, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * params,
+                    int32_t * slot, char * err, size_t err_size);
+int32_t pls_seq_cancel(pls_session * session, int32_t slot);
+/* One step of the running batch. Writes an event for every sequence that processed prompt tokens, committed
+ * tokens or finished; returns the number of sequences still in the batch or queued (0: idle), or a negative
+ * pls_status. events must hold n_parallel entries. */
+int32_t pls_step_seqs(pls_session * session, pls_seq_event * events, int32_t capacity, int32_t * n_events,
+                      char * err, size_t err_size);
+
 /* Teacher-forced margins: the target's top-1 minus top-2 logit at every position of continuation, decoded after
  * the prompt in batches of `chunk` tokens (chunk 1 is plain decoding's shape, n_max + 1 a verify batch's). Writes
  * n_cont margins: margins[i] is the margin of the logits that predict continuation[i]. Comparing two chunk sizes

@@ -1,0 +1,176 @@
+"""Continuous batching: sequences join and leave a running batch, each exact on its own.
+
+A sequence submitted while others generate has its prompt processed in chunks inside the same target batches
+as their verify rows; its output must equal its own plain run (the near-tie rule of the session tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.errors import ConfigError, ContextOverflowError, SessionBusyError
+
+from test_sessions import NEAR_TIE
+
+PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1],
+           [2, 4, 6, 8, 10, 12, 14], [11, 13, 17, 19, 23]]
+N_PREDICT = 40
+
+
+def solo(target, prompt, n_predict=N_PREDICT):
+    with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=512)) as s:
+        return s.generate(prompt, n_predict)
+
+
+def assert_near(tokens, ref):
+    for i, (a, b) in enumerate(zip(tokens, ref.tokens)):
+        if a != b:
+            assert ref.margins[i] < NEAR_TIE, f"divergence at {i} where the margin is {ref.margins[i]:.4g}"
+            return
+    assert len(tokens) == len(ref.tokens)
+
+
+def run_until_idle(s, outputs, finished, submit_at=None, max_steps=10_000):
+    """Step the batch; submit_at maps step index -> list of (key, prompt, kwargs) to submit then."""
+    slots = {}
+    step = 0
+    pending = dict(submit_at or {})
+    while True:
+        for key, prompt, kw in pending.pop(step, []):
+            slots[s.submit(prompt, **kw)] = key
+        events, left = s.step_sequences()
+        for e in events:
+            key = slots[e.slot]
+            outputs.setdefault(key, []).extend(e.tokens)
+            if e.finish_reason is not None:
+                finished[key] = e.finish_reason
+                del slots[e.slot]
+        step += 1
+        if left == 0 and not pending:
+            return step
+        assert step < max_steps
+
+
+@pytest.fixture(scope="module")
+def models(dense_pair):
+    t, d = dense_pair
+    with Model(t) as target, Model(d) as drafter:
+        yield target, drafter, {i: solo(target, p) for i, p in enumerate(PROMPTS)}
+
+
+@pytest.mark.parametrize("spec", ["draft-simple", "ngram-mod", "plain"])
+def test_sequences_joining_a_running_batch_stay_exact(models, spec):
+    target, drafter, refs = models
+    cfg = SessionConfig(adaptive=False, spec_types=[] if spec == "plain" else [spec], n_max=4, n_ctx=2048,
+                        n_parallel=4, ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=4)
+    with SpecSession(target, drafter if spec == "draft-simple" else None, cfg) as s:
+        outputs, finished = {}, {}
+        # two at once, one a few steps later, then three more as slots free up
+        plan = {0: [(0, PROMPTS[0], {"n_predict": N_PREDICT}), (1, PROMPTS[1], {"n_predict": N_PREDICT})],
+                3: [(2, PROMPTS[2], {"n_predict": N_PREDICT})],
+                9: [(3, PROMPTS[3], {"n_predict": N_PREDICT})]}
+        run_until_idle(s, outputs, finished, plan)
+        plan = {0: [(4, PROMPTS[4], {"n_predict": N_PREDICT})], 2: [(5, PROMPTS[5], {"n_predict": N_PREDICT})]}
+        run_until_idle(s, outputs, finished, plan)
+    assert sorted(finished) == list(range(6)) and set(finished.values()) == {"length"}
+    for key, tokens in outputs.items():
+        assert_near(tokens, refs[key])
+
+
+def test_a_long_prompt_is_processed_in_chunks_beside_running_sequences(models):
+    target, drafter, refs = models
+    long_prompt = (PROMPTS[0] * 30)[:300]
+    ref_long = solo(target, long_prompt)
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=2048, n_parallel=2,
+                        n_batch=64, n_ubatch=64)
+    with SpecSession(target, drafter, cfg) as s:
+        first = s.submit(PROMPTS[1], n_predict=N_PREDICT)
+        early = []
+        for _ in range(2):
+            early += [t for e in s.step_sequences()[0] for t in e.tokens]
+        second = s.submit(long_prompt, n_predict=N_PREDICT)
+        outputs, prompt_done, finished = {first: early, second: []}, {second: 0}, {}
+        left = 1
+        steps_with_both = 0
+        while left:
+            events, left = s.step_sequences()
+            slots = {e.slot for e in events}
+            steps_with_both += {first, second} <= slots
+            for e in events:
+                outputs[e.slot].extend(e.tokens)
+                prompt_done[e.slot] = prompt_done.get(e.slot, 0) + e.n_prompt
+                if e.finish_reason:
+                    finished[e.slot] = e.finish_reason
+    assert prompt_done[second] == len(long_prompt) - 1       # all but the last token, over several steps
+    assert steps_with_both >= 2                              # chunks rode along with the other's verify steps
+    assert_near(outputs[first], refs[1])
+    assert_near(outputs[second], ref_long)
+
+
+def test_cancel_frees_the_slot_at_once(models):
+    target, drafter, refs = models
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=1024, n_parallel=2)
+    with SpecSession(target, drafter, cfg) as s:
+        a = s.submit(PROMPTS[0], n_predict=-1)
+        b = s.submit(PROMPTS[1], n_predict=N_PREDICT)
+        with pytest.raises(SessionBusyError, match="slots are taken"):
+            s.submit(PROMPTS[2])
+        for _ in range(3):
+            s.step_sequences()
+        assert s.cancel(a)
+        events, _ = s.step_sequences()
+        assert {e.slot: e.finish_reason for e in events}[a] == "stopped"
+        c = s.submit(PROMPTS[2], n_predict=N_PREDICT)          # the freed slot takes the next sequence
+        assert c == a
+        outputs, finished = {}, {}
+        while True:
+            events, left = s.step_sequences()
+            for e in events:
+                outputs.setdefault(e.slot, []).extend(e.tokens)
+                if e.finish_reason:
+                    finished[e.slot] = e.finish_reason
+            if not left:
+                break
+        assert finished == {b: "length", c: "length"}
+        assert_near(outputs[c], refs[2])
+        assert not s.cancel(c)  # nothing there any more
+
+
+def test_each_sequence_has_its_own_settings(models):
+    target, drafter, _ = models
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=1024, n_parallel=3)
+    with SpecSession(target, drafter, cfg) as s:
+        short = s.submit(PROMPTS[0], n_predict=5)
+        hot1 = s.submit(PROMPTS[0], n_predict=30, temp=1.0, top_k=8, top_p=1.0, min_p=0.0, seed=1)
+        hot2 = s.submit(PROMPTS[0], n_predict=30, temp=1.0, top_k=8, top_p=1.0, min_p=0.0, seed=2)
+        outputs, drafted = {}, {}
+        left = 3
+        while left:
+            events, left = s.step_sequences()
+            for e in events:
+                outputs.setdefault(e.slot, []).extend(e.tokens)
+                drafted[e.slot] = drafted.get(e.slot, 0) + e.n_drafted
+    assert len(outputs[short]) == 5 and len(outputs[hot1]) == 30 == len(outputs[hot2])
+    assert outputs[hot1] != outputs[hot2]              # different seeds, different samples
+    assert drafted[hot1] > 0
+
+
+def test_modes_do_not_mix_and_bad_sequences_are_refused(models):
+    target, drafter, _ = models
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=256, n_parallel=2)
+    with SpecSession(target, drafter, cfg) as s:
+        with pytest.raises(ContextOverflowError):
+            s.submit([1 + i % 400 for i in range(600)])   # over the context
+        with pytest.raises(ConfigError):
+            s.submit([1, 2, 10_000_000])
+        with pytest.raises(ConfigError):
+            s.submit(PROMPTS[0], temp=float("nan"))
+        slot = s.submit(PROMPTS[0], n_predict=8)
+        s.step_sequences()
+        with pytest.raises(SessionBusyError):
+            s.generate(PROMPTS[1], 4)                     # a begin-style generation would drop the running batch
+        while s.step_sequences()[1]:
+            pass
+        assert s.generate(PROMPTS[1], 4).finish_reason == "length"   # idle again: the other mode is free
+        assert not s.cancel(slot)
