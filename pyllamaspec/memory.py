@@ -74,6 +74,33 @@ class MemoryEstimate:
         return "\n".join(rows)
 
 
+def max_parallel(target: str | os.PathLike, drafter: str | os.PathLike | None = None, *,
+                 target_config: ModelConfig | None = None, drafter_config: ModelConfig | None = None,
+                 session_config: SessionConfig | None = None, headroom: int = 512 * MiB,
+                 host_available: int | None = None, upper: int = 64) -> int:
+    """The most sequences (n_parallel, at most ``upper``) that fit the devices with these settings: each slot adds
+    its own snapshot-ring planes and outputs. Found by bisection over estimates; 0 when not even one fits."""
+    session_config = session_config or SessionConfig()
+
+    def fits(n: int) -> bool:
+        cfg = session_config.replace(n_parallel=n, n_batch=max(session_config.n_batch, n * (session_config.n_max + 1)))
+        try:
+            estimate_memory(target, drafter, target_config=target_config, drafter_config=drafter_config,
+                            session_config=cfg).check(headroom, host_available)
+        except MemoryBudgetError:
+            return False
+        return True
+
+    lo, hi = 0, max(1, upper)  # fits(lo) holds (0 trivially), the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _host_available() -> int | None:
     """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
     try:

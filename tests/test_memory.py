@@ -6,7 +6,7 @@ import pytest
 
 from pyllamaspec import SessionConfig, synth
 from pyllamaspec.errors import MemoryBudgetError
-from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory
+from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory, max_parallel
 
 
 def total_need(estimate: MemoryEstimate) -> DeviceMemory:
@@ -44,12 +44,28 @@ def test_a_gpu_short_of_memory_is_refused_with_numbers():
         estimate.check()
     fits = MemoryEstimate(devices=(estimate.devices[0].__class__("ROCm0", 15 * gib, 16 * gib, 10 * gib, gib, gib),
                                    estimate.devices[1]), drafter_approximate=False)
-    fits.check()  # host memory is reported, not enforced (weights are mmap'ed)
+    fits.check(host_available=64 * gib)  # weights in host memory are mmap'ed: only KV and compute must be resident
 
 
-def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):
-    target, _ = dense_pair
-    # a micro-batch too small for a 16-deep ring is fine on a target without recurrent state, as in a session
-    e = estimate_memory(target, session_config=SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=7, n_rs_seq=16,
-                                                             n_ubatch=8, n_batch=8, n_ctx=256))
-    assert total_need(e).context > 0
+def test_a_kv_cache_larger_than_host_memory_is_refused():
+    gib = 2 ** 30
+    estimate = MemoryEstimate(devices=(DeviceMemory("Host", free=0, total=0, model=4 * gib, context=60 * gib,
+                                                    compute=gib),), drafter_approximate=False)
+    with pytest.raises(MemoryBudgetError, match="host memory: the KV cache and compute buffers need 62464 MiB"):
+        estimate.check(host_available=24 * gib)
+    estimate.check(host_available=80 * gib)
+
+
+def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
+    target, _ = hybrid_pair
+    cfg = SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=8, n_rs_seq=8, n_ctx=512)
+    one = total_need(estimate_memory(target, session_config=cfg))
+    four = total_need(estimate_memory(target, session_config=cfg.replace(n_parallel=4)))
+    assert four.context > one.context  # each slot keeps its own snapshot planes
+    room = one.context + one.compute + 512 * 2 ** 20 + (four.context + four.compute - one.context - one.compute) // 2
+    n = max_parallel(target, session_config=cfg, host_available=room)
+    assert 1 <= n < 4
+    estimate_memory(target, session_config=cfg.replace(n_parallel=n)).check(host_available=room)
+    with pytest.raises(MemoryBudgetError):
+        estimate_memory(target, session_config=cfg.replace(n_parallel=n + 1)).check(host_available=room)
+    assert max_parallel(target, session_config=cfg, host_available=one.context) == 0  # not even one
