@@ -166,9 +166,11 @@ controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
     p_.n_streams = std::max(1, p_.n_streams);
     s_.resize(p_.n_streams);
     for (auto & s : s_) {
-        s.h.resize(std::max(1, p_.n_max));
+        s.h_src[0].resize(std::max(1, p_.n_max));
+        s.h_src[1].resize(std::max(1, p_.n_max));
     }
-    pool_.resize(std::max(1, p_.n_max));
+    pool_[0].resize(std::max(1, p_.n_max));
+    pool_[1].resize(std::max(1, p_.n_max));
     last_k_.assign(p_.n_streams, 0);
     for (auto & s : s_) {
         s.led_real.assign(LEDGER_STEPS, 0.0);
@@ -188,7 +190,9 @@ void controller::reset_stream(int32_t stream) {
         return;
     }
     stream_state & s = s_[stream];
-    s.h.resize(std::max(1, p_.n_max));
+    s.h_src[0].resize(std::max(1, p_.n_max));
+    s.h_src[1].resize(std::max(1, p_.n_max));
+    s.src = 0;
     s.off = false;
     s.gap = 0;
     s.gap_len = GAP_MIN;
@@ -200,32 +204,34 @@ void controller::reset_stream(int32_t stream) {
     s.led_pos = 0;
 }
 
-double controller::pooled(int32_t i) const {
+double controller::pooled(int32_t i, int32_t src) const {
+    const hazard_counts & pool = pool_[src];
     double a = 0.0, t = 0.0;
-    for (size_t j = 0; j < pool_.acc.size(); ++j) {
-        a += pool_.acc[j];
-        t += pool_.tri[j];
+    for (size_t j = 0; j < pool.acc.size(); ++j) {
+        a += pool.acc[j];
+        t += pool.tri[j];
     }
     const double overall = (a + PRIOR_WEIGHT * PRIOR_HAZARD) / (t + PRIOR_WEIGHT);
-    if (i < 0 || i >= (int32_t) pool_.acc.size()) {
+    if (i < 0 || i >= (int32_t) pool.acc.size()) {
         return overall;
     }
-    return (pool_.acc[i] + PRIOR_WEIGHT * overall) / (pool_.tri[i] + PRIOR_WEIGHT);
+    return (pool.acc[i] + PRIOR_WEIGHT * overall) / (pool.tri[i] + PRIOR_WEIGHT);
 }
 
 double controller::hazard(const stream_state & s, int32_t i) const {
     // position i's own counts, shrunk towards the stream's rate over all positions, itself shrunk towards the pool:
     // a position rarely tried (k seldom reaches it) follows what the stream does elsewhere
+    const hazard_counts & h = s.h();
     double a = 0.0, t = 0.0;
-    for (size_t j = 0; j < s.h.acc.size(); ++j) {
-        a += s.h.acc[j];
-        t += s.h.tri[j];
+    for (size_t j = 0; j < h.acc.size(); ++j) {
+        a += h.acc[j];
+        t += h.tri[j];
     }
-    const double stream_rate = (a + PRIOR_WEIGHT * pooled(i)) / (t + PRIOR_WEIGHT);
-    if (i >= (int32_t) s.h.acc.size()) {
+    const double stream_rate = (a + PRIOR_WEIGHT * pooled(i, s.src)) / (t + PRIOR_WEIGHT);
+    if (i >= (int32_t) h.acc.size()) {
         return stream_rate;
     }
-    return (s.h.acc[i] + POSITION_WEIGHT * stream_rate) / (s.h.tri[i] + POSITION_WEIGHT);
+    return (h.acc[i] + POSITION_WEIGHT * stream_rate) / (h.tri[i] + POSITION_WEIGHT);
 }
 
 std::vector<double> controller::pooled_hazards() const {
@@ -261,7 +267,8 @@ double controller::plain_ms_per_token(int32_t bucket) const {
 }
 
 double controller::predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
-                                 const std::vector<int32_t> & pending, int32_t bucket) const {
+                                 const std::vector<int32_t> & pending, int32_t bucket,
+                                 const std::vector<int32_t> & free) const {
     int32_t n_tok = 0, n_drafting = 0, k_max = 0, k_sum = 0, first = 0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     for (size_t i = 0; i < k.size(); ++i) {
@@ -269,7 +276,7 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
             continue;
         }
         n_tok += k[i] + 1;
-        if (k[i] > 0) {
+        if (k[i] > 0 && !(i < free.size() && free[i] > 0)) {  // a free draft costs the drafter nothing
             n_drafting++;
             k_max = std::max(k_max, k[i]);
             k_sum += k[i];
@@ -286,7 +293,7 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
             for (int32_t it = 1; it < k_max; ++it) {
                 int32_t n_it = 0;
                 for (size_t i = 0; i < k.size(); ++i) {
-                    n_it += active[i] && k[i] > it;
+                    n_it += active[i] && k[i] > it && !(i < free.size() && free[i] > 0);
                 }
                 ms += draft_rest_.predict(n_it, bucket);
             }
@@ -305,9 +312,15 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
 
 void controller::choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
                         const std::vector<int32_t> & active, const std::vector<int32_t> & pending,
-                        std::vector<int32_t> & k_out) {
+                        std::vector<int32_t> & k_out, const std::vector<int32_t> & free_len) {
     const int32_t n = (int32_t) s_.size();
     k_out.assign(n, 0);
+    // a stream with a free draft drafts from it (no drafter cost), up to its length, judged by its own hazards
+    std::vector<int32_t> free(n, 0);
+    for (int32_t i = 0; i < n; ++i) {
+        free[i] = i < (int32_t) free_len.size() ? std::max(0, free_len[i]) : 0;
+        s_[i].src = free[i] > 0 ? 1 : 0;
+    }
     int32_t n_active = 0;
     double depth_sum = 0.0;
     for (int32_t i = 0; i < n && i < (int32_t) caps.size(); ++i) {
@@ -322,7 +335,10 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     }
     const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
     last_bucket_ = bucket;
-    auto cap_of = [&](int32_t i) { return std::clamp(caps[i], 0, p_.n_max); };
+    auto cap_of = [&](int32_t i) {
+        const int32_t c = std::clamp(caps[i], 0, p_.n_max);
+        return free[i] > 0 ? std::min(c, free[i]) : c;
+    };
 
     if (!p_.adaptive) {
         const int32_t want = p_.schedule.empty() ? p_.n_max : p_.schedule[chosen_++ % p_.schedule.size()];
@@ -370,7 +386,7 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         if (!active[i] || !s.off) {
             continue;
         }
-        if (s.gap <= 0 && cap_of(i) > 0 && !could_pay(i, cap_of(i), bucket)) {
+        if (s.gap <= 0 && cap_of(i) > 0 && !could_pay(i, cap_of(i), bucket, free)) {
             s.gap = s.gap_len;
         } else if (s.gap <= 0 && cap_of(i) > 0) {
             k[i] = std::min(cap_of(i), PROBE_K);
@@ -401,14 +417,14 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
 
     std::vector<int32_t> best = k;
-    double best_rate = expect / predict_step(k, active, pending, bucket);
+    double best_rate = expect / predict_step(k, active, pending, bucket, free);
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
             continue;  // survival ties across positions: keep each stream's rows a prefix
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / predict_step(k, active, pending, bucket);
+        const double rate = expect / predict_step(k, active, pending, bucket, free);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
@@ -466,28 +482,29 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
     }
 }
 
-bool controller::could_pay(int32_t stream, int32_t cap, int32_t bucket) const {
+bool controller::could_pay(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free) const {
     // the best case: every drafted token lands, nothing to catch up
     std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
     act[stream] = 1;
-    const double plain = 1.0 / predict_step(k, act, pend, bucket);
+    const double plain = 1.0 / predict_step(k, act, pend, bucket, free);
     for (int32_t j = 1; j <= cap; ++j) {
         k[stream] = j;
-        if ((1.0 + j) / predict_step(k, act, pend, bucket) > plain) {
+        if ((1.0 + j) / predict_step(k, act, pend, bucket, free) > plain) {
             return true;
         }
     }
     return false;
 }
 
-int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket) const {
+int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
     // a probe every g steps costs (fixed + catch-up of min(g, limit) tokens) / g; the smallest g within budget
     std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
     act[stream] = 1;
     k[stream] = PROBE_K;
+    const bool is_free = stream < (int32_t) free.size() && free[stream] > 0;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket) - plain);
-    const double per_tok = p_.kind == DRAFTER_MODEL ? catchup_token_ms(bucket) : 0.0;
+    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain);
+    const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = PROBE_BUDGET * plain;
     // catching up costs per_tok per step waited: affordable when below the budget, else bounded by the limit
@@ -503,7 +520,7 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket) const {
 
 void controller::observe(const step_obs & o) {
     const int32_t n = (int32_t) s_.size();
-    int32_t n_active = 0, n_tok = 0, n_drafting = 0, first = 0, k_sum = 0, rest_rows = 0;
+    int32_t n_active = 0, n_tok = 0, n_drafting = 0, n_model = 0, first = 0, k_sum = 0, rest_rows = 0;
     int32_t committed = 0;
     double depth_sum = 0.0;
     for (int32_t i = 0; i < n && i < (int32_t) o.active.size(); ++i) {
@@ -518,8 +535,12 @@ void controller::observe(const step_obs & o) {
         if (d > 0) {
             n_drafting++;
             k_sum += d;
-            rest_rows += d - 1;
-            first += 1 + (o.n_catchup.empty() ? 0 : o.n_catchup[i]);
+            const bool from_model = o.source.empty() || !o.source[i];
+            if (from_model) {
+                n_model++;
+                rest_rows += d - 1;
+                first += 1 + (o.n_catchup.empty() ? 0 : o.n_catchup[i]);
+            }
         }
     }
     if (n_active == 0) {
@@ -533,12 +554,14 @@ void controller::observe(const step_obs & o) {
     double draft_ms = 0.0;
     if (n_drafting > 0) {
         if (p_.kind == DRAFTER_MODEL) {
-            draft_first_.observe(first, bucket, o.t_draft_first_ms);
-            if (o.n_draft_iters > 0) {
+            if (n_model > 0) {
+                draft_first_.observe(first, bucket, o.t_draft_first_ms);
+            }
+            if (n_model > 0 && o.n_draft_iters > 0) {
                 const int32_t per_iter = std::max(1, (int32_t) std::lround((double) rest_rows / o.n_draft_iters));
                 draft_rest_.observe(per_iter, bucket, o.t_draft_rest_ms / o.n_draft_iters);
             }
-            draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms;
+            draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model
         } else {
             draft_call_.observe(p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : n_drafting, 0, o.t_draft_call_ms);
             draft_ms = o.t_draft_call_ms;
@@ -572,10 +595,11 @@ void controller::observe(const step_obs & o) {
         stream_state & s = s_[i];
         // a probe that lands means the content may have changed: the old evidence against drafting goes
         const double f = !(s.probing && a > 0) ? HAZARD_DECAY : 0.3;
-        s.h.decay(f);
-        s.h.add(d, a);
-        pool_.decay(f < HAZARD_DECAY ? f : POOL_DECAY);
-        pool_.add(d, a);
+        s.src = i < (int32_t) o.source.size() && o.source[i] ? 1 : 0;
+        s.h().decay(f);
+        s.h().add(d, a);
+        pool_[s.src].decay(f < HAZARD_DECAY ? f : POOL_DECAY);
+        pool_[s.src].add(d, a);
     }
 
     // plain-decoding estimate of what was committed (once plain decoding was measured at this depth), and each
@@ -618,21 +642,25 @@ void controller::observe(const step_obs & o) {
                 }
             }
         }
-        const double base = (n_active + others) / predict_step(k, act, pend, bucket);
+        std::vector<int32_t> free_i(n, 0);
+        free_i[i] = s.src;
+        const double base = (n_active + others) / predict_step(k, act, pend, bucket, free_i);
         double expect = n_active + others, surv = 1.0;
         bool pays = false;
         for (int32_t j = 0; j < p_.n_max && !pays; ++j) {
             surv *= hazard(s, j);
             expect += surv;
             k[i] = j + 1;
-            pays = expect / predict_step(k, act, pend, bucket) > base;
+            pays = expect / predict_step(k, act, pend, bucket, free_i) > base;
         }
         if (pays) {
             s.off = false;
             s.steps = 0;
         } else {
             // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse
-            const int32_t cap = probe_gap_cap(i, bucket);
+            std::vector<int32_t> free(n, 0);
+            free[i] = s.src;
+            const int32_t cap = probe_gap_cap(i, bucket, free);
             s.gap_len = std::min(std::max(2 * s.gap_len, cap / 4), cap);
             s.gap = s.gap_len;
         }

@@ -82,6 +82,7 @@ struct controller_params {
 
 struct step_obs {
     std::vector<int32_t> k, n_drafted, n_accepted, n_catchup, depth, active;
+    std::vector<int32_t> source;  // per stream: 0 the drafter, 1 a free draft (an n-gram lookup beside a draft model)
     double t_draft_first_ms = 0.0;
     double t_draft_rest_ms = 0.0;
     int32_t n_draft_iters = 0;
@@ -103,8 +104,11 @@ public:
 
     // caps[i]: the most stream i may draft now (context, n_predict); active[i] = 0 for streams not in the step.
     // pending[i]: tokens a detached draft model would have to catch up before drafting (DRAFTER_MODEL).
+    // free_len[i] > 0: a draft of that length already exists for stream i at no cost (an n-gram lookup next to
+    // a draft model); the stream then drafts from it, up to its length
     void choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth, const std::vector<int32_t> & active,
-                const std::vector<int32_t> & pending, std::vector<int32_t> & k_out);
+                const std::vector<int32_t> & pending, std::vector<int32_t> & k_out,
+                const std::vector<int32_t> & free_len = {});
     void observe(const step_obs & o);
 
     // forget acceptance history of a stream (a new prompt in it); costs stay
@@ -132,7 +136,10 @@ public:
 
 private:
     struct stream_state {
-        hazard_counts h;
+        hazard_counts h_src[2];    // by source: the drafter, free drafts
+        int32_t src = 0;           // source of this step's draft
+        hazard_counts & h() { return h_src[src]; }
+        const hazard_counts & h() const { return h_src[src]; }
         bool off = false;          // speculation judged not to pay: k = 0 but for probes
         int32_t gap = 0;           // steps until the next probe
         int32_t gap_len = 4;       // current probe interval
@@ -144,17 +151,18 @@ private:
     };
 
     double hazard(const stream_state & s, int32_t i) const;
-    double pooled(int32_t i) const;
+    double pooled(int32_t i, int32_t src = 0) const;
     double predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
-                        const std::vector<int32_t> & pending, int32_t bucket) const;
+                        const std::vector<int32_t> & pending, int32_t bucket,
+                        const std::vector<int32_t> & free = {}) const;
     double plain_step_ms(int32_t n_active, int32_t bucket) const;
     void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
-    int32_t probe_gap_cap(int32_t stream, int32_t bucket) const;
-    bool could_pay(int32_t stream, int32_t cap, int32_t bucket) const;
+    int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
+    bool could_pay(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free) const;
 
     controller_params p_;
     std::vector<stream_state> s_;
-    hazard_counts pool_;
+    hazard_counts pool_[2];
     cost_table target_;       // target batch (+ process of hidden-state drafters), by tokens
     cost_table draft_first_;  // draft model: first decode of a step, by tokens in it (catch-up + one per stream)
     cost_table draft_rest_;   // draft model: each further decode, by streams still drafting

@@ -256,15 +256,49 @@ void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, i
 
 namespace {
 
-// Choose each stream's draft length, then draft: the engine (n-gram lookups first, upstream drafters) for every
-// stream that drafts, the shim's draft model for those the engine left without a draft.
+// The engine's drafts (n-gram lookups, upstream drafters) for the streams with k[seq] > 0, cut to that length.
+void engine_draft(pls_session & s, const std::vector<int32_t> & k, step_timing & tm) {
+    const int64_t t0 = now_us();
+    bool any = false;
+    for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
+        common_speculative_get_draft_params(s.spec, q).drafting = false;
+    }
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay || k[st.seq] <= 0) {
+            continue;
+        }
+        st.draft.clear();
+        common_speculative_get_draft_params(s.spec, st.seq) = {
+            /* .drafting = */ true,
+            /* .n_max    = */ k[st.seq],
+            /* .pos0     = */ st.n_past,
+            /* .id_last  = */ st.id_last,
+            /* .prompt   = */ &st.prompt_tgt,
+            /* .result   = */ &st.draft,
+        };
+        any = true;
+    }
+    if (any) {
+        common_speculative_draft(s.spec);
+    }
+    for (auto & st : s.streams) {
+        if (st.active && !st.replay && k[st.seq] > 0 && (int32_t) st.draft.size() > k[st.seq]) {
+            st.draft.resize(k[st.seq]);
+        }
+    }
+    tm.draft_call_ms += (now_us() - t0) / 1000.0;
+}
+
+// Choose each stream's draft length, then draft. With the shim's draft model and n-gram lookups together, the
+// lookups run first (nearly free) and the controller sees which streams have a free draft and how long it is;
+// the draft model drafts for the streams that draft and have none.
 void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
-    const size_t n = s.streams.size();
     std::vector<int32_t> caps(s.sp.n_parallel, 0), depth(s.sp.n_parallel, 0), active(s.sp.n_parallel, 0),
-                         pending(s.sp.n_parallel, 0), k(s.sp.n_parallel, 0);
+                         pending(s.sp.n_parallel, 0), free_len(s.sp.n_parallel, 0), k(s.sp.n_parallel, 0);
     for (auto & st : s.streams) {
         st.k = 0;
         st.catchup = 0;
+        st.engine_draft = false;
         st.draft.clear();
         if (!st.active || st.replay) {
             continue;
@@ -279,61 +313,57 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
         active[st.seq] = 1;
         pending[st.seq] = s.own_draft_model ? draft_model_pending(st) : 0;
     }
-    s.ctl->choose(caps, depth, active, pending, k);
-    for (auto & st : s.streams) {
-        if (active[st.seq]) {
-            st.k = k[st.seq];
-        }
-    }
 
     llama_context * ctx_tgt = s.ctx_tgt.get();
     llama_context * ctx_dft = s.ctx_dft.get();
     llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
-    const bool engine_drafts = s.spec != nullptr;
-    if (engine_drafts) {
-        const int64_t t0 = now_us();
-        bool any = false;
-        for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
-            common_speculative_get_draft_params(s.spec, q).drafting = false;
+    const bool lookups_first = s.own_draft_model && s.spec != nullptr;
+    if (lookups_first) {
+        engine_draft(s, caps, tm);
+        for (auto & st : s.streams) {
+            if (active[st.seq]) {
+                free_len[st.seq] = (int32_t) st.draft.size();
+            }
         }
+    }
+    s.ctl->choose(caps, depth, active, pending, k, free_len);
+    for (auto & st : s.streams) {
+        if (!active[st.seq]) {
+            continue;
+        }
+        st.k = k[st.seq];
+        if (lookups_first) {
+            // a free draft is used when it is what the controller asked for; else the draft model drafts
+            st.engine_draft = st.k > 0 && free_len[st.seq] > 0;
+            st.draft.resize(st.engine_draft ? std::min<size_t>(st.draft.size(), st.k) : 0);
+        }
+    }
+
+    if (s.spec && !s.own_draft_model) {
         for (auto & st : s.streams) {
             if (!st.active || st.replay) {
                 continue;
             }
-            if (!s.own_draft_model) {
-                // the engine's drafters keep their own state: checkpoint what they cannot drop
-                st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
-                                   llama_memory_seq_pos_max(mem_tgt, st.seq));
-                if (s.use_ckpt_dft && ctx_dft) {
-                    st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-                }
+            // the engine's drafters keep their own state: checkpoint what they cannot drop
+            st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
+                               llama_memory_seq_pos_max(mem_tgt, st.seq));
+            if (s.use_ckpt_dft && ctx_dft) {
+                st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
             }
-            if (st.k <= 0) {
-                continue;
-            }
-            common_speculative_get_draft_params(s.spec, st.seq) = {
-                /* .drafting = */ true,
-                /* .n_max    = */ st.k,
-                /* .pos0     = */ st.n_past,
-                /* .id_last  = */ st.id_last,
-                /* .prompt   = */ &st.prompt_tgt,
-                /* .result   = */ &st.draft,
-            };
-            any = true;
         }
-        if (any) {
-            common_speculative_draft(s.spec);
-        }
+        std::vector<int32_t> want(s.sp.n_parallel, 0);
         for (auto & st : s.streams) {
-            if ((int32_t) st.draft.size() > st.k) {
-                st.draft.resize(st.k);
+            if (st.active && !st.replay) {
+                want[st.seq] = st.k;
             }
+        }
+        engine_draft(s, want, tm);
+        for (auto & st : s.streams) {
             st.engine_draft = !st.draft.empty();
         }
-        tm.draft_call_ms += (now_us() - t0) / 1000.0;
     }
     if (s.own_draft_model) {
-        draft_model_run(s, tm);
+        draft_model_run(s, tm);  // the streams with k > 0 and no draft yet
     }
 
     for (auto & st : s.streams) {
@@ -700,6 +730,7 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     obs.n_catchup.assign(s.sp.n_parallel, 0);
     obs.depth.assign(s.sp.n_parallel, 0);
     obs.active.assign(s.sp.n_parallel, 0);
+    obs.source.assign(s.sp.n_parallel, 0);
     for (size_t k = 0; k < s.streams.size(); ++k) {
         stream_state & st = s.streams[k];
         st.n_drafted_step = 0;
@@ -713,6 +744,9 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         obs.n_accepted[st.seq] = (int32_t) ids[k].size() - 1;
         obs.n_catchup[st.seq] = st.catchup;
         obs.depth[st.seq] = st.n_past;
+        obs.source[st.seq] = st.engine_draft && s.own_draft_model ? 1 : 0;
+        s.stats.n_free_drafts += obs.source[st.seq];
+        st.stats.n_free_drafts += obs.source[st.seq];
         st.n_drafted_step = (int32_t) st.draft.size();
         s.stats.n_catchup += st.catchup;
         st.stats.n_catchup += st.catchup;

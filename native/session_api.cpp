@@ -486,17 +486,20 @@ extern "C" int32_t pls_controller_new(const pls_controller_params * p, pls_contr
 extern "C" void pls_controller_free(pls_controller * c) { delete c; }
 
 extern "C" int32_t pls_controller_choose(pls_controller * c, const int32_t * caps, const int32_t * depth, const int32_t * active,
-                                         const int32_t * pending, int32_t * k_out) {
+                                         const int32_t * pending, const int32_t * free_len, int32_t * k_out) {
     if (c == nullptr || caps == nullptr || depth == nullptr || active == nullptr || k_out == nullptr) {
         return PLS_ERR_INVALID;
     }
     return guarded(nullptr, 0, PLS_ERR_INTERNAL, [&]() -> int32_t {
         const int32_t n = c->c->params().n_streams;
-        std::vector<int32_t> cap(caps, caps + n), dep(depth, depth + n), act(active, active + n), pend(n, 0), k;
+        std::vector<int32_t> cap(caps, caps + n), dep(depth, depth + n), act(active, active + n), pend(n, 0), fr(n, 0), k;
         if (pending) {
             pend.assign(pending, pending + n);
         }
-        c->c->choose(cap, dep, act, pend, k);
+        if (free_len) {
+            fr.assign(free_len, free_len + n);
+        }
+        c->c->choose(cap, dep, act, pend, k, fr);
         std::copy(k.begin(), k.end(), k_out);
         return PLS_OK;
     });
@@ -520,6 +523,11 @@ extern "C" int32_t pls_controller_observe(pls_controller * c, const pls_step_obs
         }
         s.depth.assign(o->depth, o->depth + n);
         s.active.assign(o->active, o->active + n);
+        if (o->source) {
+            s.source.assign(o->source, o->source + n);
+        } else {
+            s.source.assign(n, 0);
+        }
         s.t_draft_first_ms = o->t_draft_first_ms;
         s.t_draft_rest_ms = o->t_draft_rest_ms;
         s.n_draft_iters = o->n_draft_iters;

@@ -56,6 +56,7 @@ class Stats:
     n_probes: int = 0
     n_guard: int = 0
     n_catchup: int = 0
+    n_free_drafts: int = 0            # drafts taken from an n-gram lookup beside a draft model
     est_plain_ms: float = 0.0         # what plain decoding would have taken for the same tokens (cost model)
 
     @property
@@ -114,7 +115,8 @@ class Stats:
             t_process_ms=s.t_process_ms, t_sync_ms=s.t_sync_ms, n_graph_captures=s.n_graph_captures,
             n_graph_resets=s.n_graph_resets,
             k_histogram=[s.k_hist[i] for i in range(max((i + 1 for i in range(MAX_DRAFT + 1) if s.k_hist[i]), default=0))],
-            n_probes=s.n_probes, n_guard=s.n_guard, n_catchup=s.n_catchup, est_plain_ms=s.est_plain_ms)
+            n_probes=s.n_probes, n_guard=s.n_guard, n_catchup=s.n_catchup, n_free_drafts=s.n_free_drafts,
+            est_plain_ms=s.est_plain_ms)
 
 
 @dataclass

@@ -72,7 +72,8 @@ class Sim:
         caps = [self.n_max] * n
         k = self.ffi.new("int32_t[]", n)
         rc = self.lib.pls_controller_choose(self.ctl, self.ffi.new("int32_t[]", caps), self.ffi.new("int32_t[]", self.depth),
-                                            self.ffi.new("int32_t[]", active), self.ffi.new("int32_t[]", self.pending), k)
+                                            self.ffi.new("int32_t[]", active), self.ffi.new("int32_t[]", self.pending),
+                                            self.ffi.NULL, k)
         assert rc == 0
         ks = [k[i] if active[i] else 0 for i in range(n)]
         self.ks.append(ks)
@@ -102,6 +103,7 @@ class Sim:
         keep = [self.ffi.new("int32_t[]", v) for v in (ks, ks, accepted, catchup, self.depth, active)]
         o.n_streams = n
         o.k, o.n_drafted, o.n_accepted, o.n_catchup, o.depth, o.active = keep
+        o.source = self.ffi.NULL
         o.t_draft_first_ms, o.t_draft_rest_ms, o.n_draft_iters = t_first, t_rest, iters
         o.t_draft_call_ms, o.t_target_ms, o.t_step_ms = t_call, t_target, t_step
         assert self.lib.pls_controller_observe(self.ctl, o) == 0

@@ -123,6 +123,24 @@ def test_adaptive_draft_lengths_are_exact(request, kind, spec_type):
     assert r.stats.est_plain_ms > 0 and r.stats.estimated_plain_tokens_per_second > 0
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_lookups_beside_a_draft_model_are_exact_and_used_when_they_match(request, kind, adaptive):
+    target, drafter, ref = request.getfixturevalue(kind)
+    # a prompt that repeats itself, so the n-gram lookup finds matches as the answer goes on
+    prompt = PROMPT * 4
+    base = plain(target, prompt=prompt)
+    cfg = SessionConfig(adaptive=adaptive, spec_types=["ngram-mod", "draft-simple"], n_max=6, n_ctx=512,
+                        ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=6)
+    with SpecSession(target, drafter, cfg) as s:
+        r = s.generate(prompt, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, base)
+    assert_stats_consistent(r.stats)
+    if not adaptive:
+        assert r.stats.n_free_drafts > 0                     # lookups drafted, free
+        assert r.stats.n_drafts > r.stats.n_free_drafts      # the draft model drafted the rest
+
+
 def test_a_schedule_needs_adaptive_off():
     with pytest.raises(ConfigError, match="adaptive=False"):
         SessionConfig(spec_types=["draft-simple"], draft_schedule=(1, 2))

@@ -258,6 +258,7 @@ typedef struct pls_stats {
     int64_t n_probes;               /* drafts made while speculation was off, to notice content that drafts well */
     int64_t n_guard;                /* times the ledger turned speculation off (realised speed behind plain) */
     int64_t n_catchup;              /* tokens a draft model caught up after steps without drafting */
+    int64_t n_free_drafts;          /* drafts taken from an n-gram lookup beside a draft model (no drafter cost) */
     double  t_process_ms;           /* drafters that read the target's hidden states, after each target batch */
     double  t_sync_ms;              /* waiting for the target's batch to finish on the device (part of t_verify_ms) */
     int64_t n_graph_captures;       /* CUDA/HIP graphs captured during the run (process-wide; 0 on the CPU) */
@@ -406,6 +407,7 @@ typedef struct pls_step_observation {
     const int32_t * n_catchup;      /* tokens the draft model caught up for this stream before drafting */
     const int32_t * depth;          /* context depth of each stream */
     const int32_t * active;         /* stream took part in the step */
+    const int32_t * source;         /* 1: the draft was a free one (an n-gram lookup beside a draft model); may be NULL */
     double  t_draft_first_ms;       /* the draft model's first decode (catch-up included) */
     double  t_draft_rest_ms;        /* its further decodes */
     int32_t n_draft_iters;          /* how many further decodes */
@@ -415,9 +417,10 @@ typedef struct pls_step_observation {
 } pls_step_observation;
 int32_t pls_controller_new(const pls_controller_params * params, pls_controller ** out, char * err, size_t err_size);
 void    pls_controller_free(pls_controller * c);
-/* pending (may be NULL): tokens each stream's draft model would have to catch up first */
+/* pending (may be NULL): tokens each stream's draft model would have to catch up first; free_len (may be NULL):
+ * the length of a draft that exists at no cost for a stream (an n-gram match), 0 for none */
 int32_t pls_controller_choose(pls_controller * c, const int32_t * caps, const int32_t * depth, const int32_t * active,
-                              const int32_t * pending, int32_t * k_out);
+                              const int32_t * pending, const int32_t * free_len, int32_t * k_out);
 int32_t pls_controller_observe(pls_controller * c, const pls_step_observation * obs);
 int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out);
 int32_t pls_controller_stats(const pls_controller * c, pls_stats * out);
