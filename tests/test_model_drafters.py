@@ -120,6 +120,25 @@ def test_mtp_is_exact_on_a_hybrid_target(mtp_target, n_max):
     assert r.stats.n_drafted > 0
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "schedule"])
+def test_mtp_with_varying_lengths_is_exact(mtp_target, mode):
+    # MTP drafts stop at the per-sequence length (patch 0003); plain steps keep its state in step with the target
+    cfg = (SessionConfig(spec_types="draft-mtp", n_max=7, n_ctx=512) if mode == "adaptive" else
+           SessionConfig(adaptive=False, spec_types="draft-mtp", n_max=7, n_ctx=512, draft_schedule=(2, 0, 7, 1, 0, 0, 4)))
+    with Model(mtp_target) as target:
+        ref = plain(target)
+        with SpecSession(target, None, cfg) as s:
+            assert s.info.drafter_kind == "autoregressive"
+            r = s.generate(PROMPT, N_PREDICT)
+    assert_equal_up_to_near_tie(r.tokens, ref)
+    assert_stats_consistent(r.stats)
+    if mode == "schedule":
+        assert r.stats.k_histogram[0] > 0 and r.stats.n_drafted > 0
+        # drafts are as long as asked: no longer than the schedule's lengths
+        assert max(i for i, n in enumerate(r.stats.k_histogram) if n) <= 7
+        assert r.stats.k_histogram[2] > 0 or r.stats.k_histogram[1] > 0
+
+
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 @pytest.mark.parametrize("n_max", [1, 3, 7, 15])
 def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
@@ -141,6 +160,25 @@ def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert_stats_consistent(r.stats)
     assert r.stats.n_drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_eagle3_with_adaptive_and_scheduled_lengths_is_exact(request, tmp_path_factory, kind):
+    from pyllamaspec import synth
+    fixture, n_embd, _ = TARGETS[kind]
+    target_path, _ = request.getfixturevalue(fixture)
+    layers = (1, 1, 2) if kind == "dense" else (1, 2, 4)
+    drafter_path = tmp_path_factory.mktemp("eagle3v") / "eagle3.gguf"
+    synth.write_eagle3_drafter(drafter_path, target_path, target_layers=layers, n_embd=n_embd)
+    with Model(target_path) as target, Model(drafter_path) as drafter:
+        ref = plain(target)
+        for cfg in (SessionConfig(spec_types="draft-eagle3", n_max=7, n_ctx=512),
+                    SessionConfig(adaptive=False, spec_types="draft-eagle3", n_max=7, n_ctx=512,
+                                  draft_schedule=(3, 0, 0, 7, 1))):
+            with SpecSession(target, drafter, cfg) as s:
+                r = s.generate(PROMPT, N_PREDICT)
+            assert_equal_up_to_near_tie(r.tokens, ref)
+            assert_stats_consistent(r.stats)
 
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
