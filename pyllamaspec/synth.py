@@ -795,6 +795,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
         target, drafter = plan_preset(args.preset, type)
         print(target.describe(f"target {args.out} ({args.preset})"))
+        if PRESET_TABLE[args.preset].source:
+            print(f"  sizes from: {PRESET_TABLE[args.preset].source}")
         if args.drafter:
             if drafter is None:
                 drafter = target
