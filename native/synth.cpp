@@ -1,25 +1,29 @@
-// Synthetic models: metadata alone goes to upstream's loader (llama_model_init_from_user), which creates
-// every tensor the architecture asks for; we fill them with seeded noise and save the result as GGUF.
-// A "draft model" is the same model plus a second, smaller noise: it agrees with the target often,
-// not always, so partial acceptance and rollback really happen.
+// Synthetic models at any scale. The tensor list comes from upstream's loader: it reads the metadata alone and,
+// with no_alloc, creates every tensor the architecture asks for without allocating a byte of weights. The writer
+// streams a GGUF: the metadata (gguf_get_meta_data), then each tensor's random values generated and converted to
+// its type (ggml_quantize_chunk) chunk by chunk on a pool of threads, written in order, so memory stays at a few
+// chunks per thread whatever the model size.
+//
+// Values are a function of (seed, tensor name, element index) alone: a counter-based generator, so the bytes do
+// not depend on how the rows are split among threads. A "draft model" adds a second noise of its own seed.
 #include "shim_common.h"
 
 #include "gguf.h"
+#include "llama-model.h"  // llama_internal_get_tensor_map
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
-#include <memory>
-#include <random>
+#include <condition_variable>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
-
-struct fill_params {
-    uint32_t seed;
-    float stddev;
-    uint32_t perturb_seed;
-    float perturb_stddev;
-};
 
 uint64_t hash_name(const char * s) {  // FNV-1a: stable across runs and platforms, unlike std::hash
     uint64_t h = 1469598103934665603ull;
@@ -29,107 +33,120 @@ uint64_t hash_name(const char * s) {  // FNV-1a: stable across runs and platform
     return h;
 }
 
-void fill_tensor(struct ggml_tensor * t, void * ud) {
-    const fill_params & p = *(const fill_params *) ud;
-    const int64_t ne = ggml_nelements(t);
-    std::vector<float> v(ne);
-    std::mt19937_64 gen(p.seed ^ hash_name(t->name));
-    std::normal_distribution<float> dis(0.0f, p.stddev);
-    // norms near 1 keep activations in range through many layers of a realistic-depth model
-    const bool is_norm = strstr(t->name, "_norm") != nullptr;
-    const bool is_ssm_a = strstr(t->name, "ssm_a") != nullptr;  // state decay must be negative
-    for (int64_t i = 0; i < ne; ++i) {
-        float x = dis(gen);
-        v[i] = is_norm ? 1.0f + x : (is_ssm_a ? -std::fabs(x) : x);
+inline uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+constexpr uint64_t GOLDEN = 0x9e3779b97f4a7c15ull;
+
+// unit-variance noise at element i of the stream `key`: the sum of four 16-bit uniforms of one 64-bit draw
+// (Irwin-Hall, bell-shaped, bounded at +-3.46), standardized; cheap enough to fill billions of weights
+inline float noise(uint64_t key, uint64_t i) {
+    const uint64_t r = mix64(key + (i + 1) * GOLDEN);
+    const uint32_t s = (uint32_t) (r & 0xffff) + (uint32_t) ((r >> 16) & 0xffff) + (uint32_t) ((r >> 32) & 0xffff) +
+                       (uint32_t) (r >> 48);
+    return ((float) s - 131070.0f) * (1.0f / 37837.23f);  // mean 4*65535/2, sd sqrt(4*(65536^2-1)/12)
+}
+
+struct tensor_job {
+    std::string name;
+    int64_t ne[4];
+    ggml_type type;
+    int32_t kind;
+    uint64_t key;         // stream of the values
+    uint64_t perturb_key; // stream of the second noise
+    size_t row_bytes;
+};
+
+struct chunk {
+    size_t tensor;
+    int64_t row0;
+    int64_t nrows;
+};
+
+bool supported_type(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32:
+        case GGML_TYPE_F16:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void fill_rows(const tensor_job & t, const pls_synth_params & p, int64_t row0, int64_t nrows, std::vector<float> & f32,
+               std::vector<uint8_t> & out) {
+    const int64_t n_per_row = t.ne[0];
+    const int64_t n = nrows * n_per_row;
+    f32.resize((size_t) n);
+    const uint64_t base = (uint64_t) row0 * (uint64_t) n_per_row;
+    const float sd = p.stddev;
+    switch (t.kind) {
+        case PLS_SYNTH_NORM:
+            for (int64_t i = 0; i < n; ++i) {
+                f32[i] = 1.0f + sd * noise(t.key, base + i);
+            }
+            break;
+        case PLS_SYNTH_NEGATIVE:
+            for (int64_t i = 0; i < n; ++i) {
+                f32[i] = -std::fabs(sd * noise(t.key, base + i));
+            }
+            break;
+        default:
+            for (int64_t i = 0; i < n; ++i) {
+                f32[i] = sd * noise(t.key, base + i);
+            }
     }
     if (p.perturb_seed != 0) {
-        std::mt19937_64 g2(p.perturb_seed ^ hash_name(t->name));
-        std::normal_distribution<float> d2(0.0f, p.perturb_stddev);
-        for (int64_t i = 0; i < ne; ++i) {
-            v[i] += d2(g2);
+        const float psd = p.perturb_stddev;
+        for (int64_t i = 0; i < n; ++i) {
+            f32[i] += psd * noise(t.perturb_key, base + i);
         }
     }
-    if (t->type == GGML_TYPE_F32) {
-        ggml_backend_tensor_set(t, v.data(), 0, ggml_nbytes(t));
-    } else if (t->type == GGML_TYPE_F16) {
-        std::vector<ggml_fp16_t> h(ne);
-        ggml_fp32_to_fp16_row(v.data(), h.data(), ne);
-        ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
-    } else {
-        throw std::runtime_error(std::string("synthetic tensor ") + t->name + " has unsupported type " + ggml_type_name(t->type));
+    out.resize((size_t) nrows * t.row_bytes);
+    const size_t written = ggml_quantize_chunk(t.type, f32.data(), out.data(), 0, nrows, n_per_row, nullptr);
+    if (written != out.size()) {
+        throw std::runtime_error("synthetic tensor " + t.name + ": converted to " + std::to_string(written) +
+                                 " bytes, expected " + std::to_string(out.size()));
     }
+}
+
+struct file_closer {
+    void operator()(FILE * f) const { if (f) fclose(f); }
+};
+
+std::string errno_text() {
+    return std::strerror(errno);
 }
 
 }  // namespace
 
-extern "C" int32_t pls_synth_model(const pls_synth_params * p, const char * path_out, char * err, size_t err_size) {
+extern "C" int32_t pls_synth_list_tensors(const char * meta_path, int32_t load_mtp, char * buf, int32_t buf_size,
+                                          char * err, size_t err_size) {
     pls::ensure_init();
-    if (p == nullptr || p->arch == nullptr || path_out == nullptr) {
-        pls::set_err(err, err_size, "synthetic model: arch and output path are required");
+    if (meta_path == nullptr) {
+        pls::set_err(err, err_size, "synthetic model: a metadata GGUF is required");
         return -1;
     }
-    if (p->n_vocab < 8 || p->n_embd < 8 || p->n_layer < 1 || p->n_head < 1 || p->n_embd % p->n_head != 0) {
-        pls::set_err(err, err_size, "synthetic model: need n_vocab >= 8, n_embd >= 8, n_layer >= 1 and n_embd divisible by n_head");
+    gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
+    std::unique_ptr<gguf_context, void (*)(gguf_context *)> g(gguf_init_from_file(meta_path, gp), gguf_free);
+    if (!g) {
+        pls::set_err(err, err_size, std::string("synthetic model: cannot read the metadata GGUF ") + meta_path);
         return -1;
     }
-    const std::string a = p->arch;
-    auto key = [&](const char * k) { return a + "." + k; };
-    gguf_context * g = gguf_init_empty();
-    std::unique_ptr<gguf_context, void (*)(gguf_context *)> guard(g, gguf_free);
-
-    const uint32_t n_head_kv = p->n_head_kv > 0 ? p->n_head_kv : p->n_head;
-    const uint32_t head_dim = p->n_embd / p->n_head;
-    gguf_set_val_str(g, "general.architecture", a.c_str());
-    gguf_set_val_str(g, "general.name", ("pyllamaspec synthetic " + a).c_str());
-    gguf_set_val_u32(g, "general.file_type", 0);  // F32: requantize the result for other types
-    gguf_set_val_u32(g, key("vocab_size").c_str(), p->n_vocab);
-    gguf_set_val_u32(g, key("context_length").c_str(), p->n_ctx_train > 0 ? p->n_ctx_train : 4096);
-    gguf_set_val_u32(g, key("embedding_length").c_str(), p->n_embd);
-    gguf_set_val_u32(g, key("block_count").c_str(), p->n_layer + std::max(0, p->n_layer_nextn));
-    gguf_set_val_u32(g, key("feed_forward_length").c_str(), p->n_ff > 0 ? p->n_ff : 4 * p->n_embd);
-    gguf_set_val_u32(g, key("attention.head_count").c_str(), p->n_head);
-    gguf_set_val_u32(g, key("attention.head_count_kv").c_str(), n_head_kv);
-    gguf_set_val_f32(g, key("attention.layer_norm_rms_epsilon").c_str(), 1e-6f);
-    gguf_set_val_f32(g, key("rope.freq_base").c_str(), 1000000.0f);
-    if (p->n_layer_nextn > 0) {
-        gguf_set_val_u32(g, key("nextn_predict_layers").c_str(), p->n_layer_nextn);
-    }
-    if (p->full_attention_interval > 0) {
-        // gated-DeltaNet hybrids (qwen35 family)
-        const uint32_t d_inner = p->ssm_d_inner > 0 ? p->ssm_d_inner : 2 * p->n_embd;
-        const uint32_t d_state = p->ssm_d_state > 0 ? p->ssm_d_state : 128;
-        gguf_set_val_u32(g, key("full_attention_interval").c_str(), p->full_attention_interval);
-        gguf_set_val_u32(g, key("ssm.inner_size").c_str(), d_inner);
-        gguf_set_val_u32(g, key("ssm.state_size").c_str(), d_state);
-        gguf_set_val_u32(g, key("ssm.conv_kernel").c_str(), p->ssm_d_conv > 0 ? p->ssm_d_conv : 4);
-        gguf_set_val_u32(g, key("ssm.time_step_rank").c_str(), d_inner / d_state);
-        gguf_set_val_u32(g, key("ssm.group_count").c_str(), p->ssm_n_group > 0 ? p->ssm_n_group : 2);
-        gguf_set_val_u32(g, key("attention.key_length").c_str(), head_dim);
-        gguf_set_val_u32(g, key("attention.value_length").c_str(), head_dim);
-        gguf_set_val_u32(g, key("rope.dimension_count").c_str(), head_dim / 4);
-        const int32_t sections[4] = { (int32_t) head_dim / 16, (int32_t) head_dim / 16, (int32_t) head_dim / 16, 0 };
-        gguf_set_arr_data(g, key("rope.dimension_sections").c_str(), GGUF_TYPE_INT32, sections, 4);
-    }
-    // upstream's test tokenizer: tokens tok_<i>, no BOS/EOS, detokenizes to readable ids
-    gguf_set_val_str(g, "tokenizer.ggml.model", "test");
-    std::vector<std::string> names(p->n_vocab);
-    std::vector<const char *> cnames(p->n_vocab);
-    std::vector<float> scores(p->n_vocab, 0.0f);
-    for (int32_t i = 0; i < p->n_vocab; ++i) {
-        names[i] = "tok_" + std::to_string(i);
-        cnames[i] = names[i].c_str();
-    }
-    gguf_set_arr_str(g, "tokenizer.ggml.tokens", cnames.data(), cnames.size());
-    gguf_set_arr_data(g, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
-
-    fill_params fp = { p->seed, p->stddev > 0 ? p->stddev : 0.02f, p->perturb_seed, p->perturb_stddev };
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.load_mtp = p->n_layer_nextn > 0;
+    mp.no_alloc = true;       // shapes only: no weight buffer, no set_tensor_data calls
+    mp.load_mtp = load_mtp != 0;
     pls::clear_last_error();
     llama_model * m = nullptr;
     try {
-        m = llama_model_init_from_user(g, fill_tensor, &fp, mp);
+        m = llama_model_init_from_user(g.get(), [](ggml_tensor *, void *) {}, nullptr, mp);
     } catch (const std::exception & e) {
         pls::set_err(err, err_size, std::string("synthetic model: ") + e.what());
         return -1;
@@ -138,7 +155,253 @@ extern "C" int32_t pls_synth_model(const pls_synth_params * p, const char * path
         pls::set_err(err, err_size, "synthetic model: upstream refused the metadata: " + pls::take_last_error());
         return -1;
     }
-    llama_model_save_to_file(m, path_out);
+    std::string json = "[";
+    std::set<std::string> seen;  // duplicated tensors (shared rope factors, tied heads) appear once
+    for (const auto & [name, t] : llama_internal_get_tensor_map(m)) {
+        if (!seen.insert(name).second) {
+            continue;
+        }
+        if (json.size() > 1) {
+            json += ",";
+        }
+        json += "{\"name\":\"" + name + "\",\"ne\":[";
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            json += (d ? "," : "") + std::to_string(t->ne[d]);
+        }
+        json += "]}";
+    }
+    json += "]";
     llama_model_free(m);
+    return pls::copy_out(json, buf, buf_size);
+}
+
+extern "C" int32_t pls_synth_write(const char * meta_path, const pls_synth_tensor * tensors, int32_t n_tensors,
+                                   const pls_synth_params * params, const char * path_out,
+                                   pls_synth_progress_cb progress, void * user_data, char * err, size_t err_size) {
+    pls::ensure_init();
+    if (meta_path == nullptr || path_out == nullptr || params == nullptr || (tensors == nullptr && n_tensors > 0) ||
+        n_tensors < 0) {
+        pls::set_err(err, err_size, "synthetic model: metadata, tensors, parameters and an output path are required");
+        return -1;
+    }
+    const pls_synth_params p = *params;
+    if (!std::isfinite(p.stddev) || p.stddev <= 0.0f || (p.perturb_seed != 0 && (!std::isfinite(p.perturb_stddev) ||
+                                                                                   p.perturb_stddev <= 0.0f))) {
+        pls::set_err(err, err_size, "synthetic model: stddev (and perturb_stddev with a perturb seed) must be finite and > 0");
+        return -1;
+    }
+    gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
+    std::unique_ptr<gguf_context, void (*)(gguf_context *)> g(gguf_init_from_file(meta_path, gp), gguf_free);
+    if (!g) {
+        pls::set_err(err, err_size, std::string("synthetic model: cannot read the metadata GGUF ") + meta_path);
+        return -1;
+    }
+    if (gguf_get_n_tensors(g.get()) != 0) {
+        pls::set_err(err, err_size, "synthetic model: the metadata GGUF must hold no tensors");
+        return -1;
+    }
+
+    // tensor infos: a no_alloc ggml context holds the descriptors gguf needs for offsets and sizes
+    ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (n_tensors + 1), nullptr, /* .no_alloc = */ true };
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(ip), ggml_free);
+    std::vector<tensor_job> jobs((size_t) n_tensors);
+    const uint64_t seed_key = mix64(((uint64_t) p.seed << 1) ^ 0x5eedull);
+    const uint64_t perturb_key = mix64(((uint64_t) p.perturb_seed << 1) ^ 0x9e27ull);
+    for (int32_t i = 0; i < n_tensors; ++i) {
+        const pls_synth_tensor & src = tensors[i];
+        tensor_job & t = jobs[(size_t) i];
+        if (src.name == nullptr || src.name[0] == '\0' || strlen(src.name) >= GGML_MAX_NAME) {
+            pls::set_err(err, err_size, "synthetic model: tensor " + std::to_string(i) + " has no name or one of " +
+                                            std::to_string(GGML_MAX_NAME) + "+ characters");
+            return -1;
+        }
+        t.name = src.name;
+        t.type = (ggml_type) src.type;
+        t.kind = src.kind;
+        if (src.type < 0 || src.type >= GGML_TYPE_COUNT || !supported_type(t.type)) {
+            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has type " + std::to_string(src.type) +
+                                            "; supported: F32, F16, Q8_0, Q4_0, Q6_K");
+            return -1;
+        }
+        for (int d = 0; d < 4; ++d) {
+            t.ne[d] = src.ne[d];
+            if (t.ne[d] < 1) {
+                pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has a dimension < 1");
+                return -1;
+            }
+        }
+        if (t.ne[0] % ggml_blck_size(t.type) != 0) {
+            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has rows of " + std::to_string(t.ne[0]) +
+                                            ", not a multiple of " + ggml_type_name(t.type) + "'s block of " +
+                                            std::to_string(ggml_blck_size(t.type)));
+            return -1;
+        }
+        if (gguf_find_tensor(g.get(), t.name.c_str()) >= 0) {
+            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " is listed twice");
+            return -1;
+        }
+        ggml_tensor * gt = ggml_new_tensor(ctx.get(), t.type, 4, t.ne);
+        ggml_set_name(gt, t.name.c_str());
+        gguf_add_tensor(g.get(), gt);
+        t.row_bytes = ggml_row_size(t.type, t.ne[0]);
+        const uint64_t h = hash_name(src.name);
+        t.key = mix64(seed_key ^ h);
+        t.perturb_key = mix64(perturb_key ^ h ^ 0xd1b54a32d192ed03ull);
+        ggml_quantize_init(t.type);  // up front: its lazy init is not for concurrent first calls
+    }
+
+    // chunks of whole rows, about 1M values each, in file order
+    std::vector<chunk> chunks;
+    uint64_t total_bytes = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        const tensor_job & t = jobs[i];
+        const int64_t nrows = t.ne[1] * t.ne[2] * t.ne[3];
+        const int64_t per = std::max<int64_t>(1, (int64_t{1} << 20) / t.ne[0]);
+        for (int64_t r = 0; r < nrows; r += per) {
+            chunks.push_back({ i, r, std::min(per, nrows - r) });
+        }
+        total_bytes += (uint64_t) nrows * t.row_bytes;
+    }
+
+    std::unique_ptr<FILE, file_closer> f(fopen(path_out, "wb"));
+    if (!f) {
+        pls::set_err(err, err_size, std::string("synthetic model: cannot open ") + path_out + ": " + errno_text());
+        return -1;
+    }
+    std::vector<char> iobuf(8 << 20);
+    setvbuf(f.get(), iobuf.data(), _IOFBF, iobuf.size());
+    const size_t meta_size = gguf_get_meta_size(g.get());
+    {
+        std::vector<uint8_t> meta(meta_size);
+        gguf_get_meta_data(g.get(), meta.data());
+        if (fwrite(meta.data(), 1, meta.size(), f.get()) != meta.size()) {
+            pls::set_err(err, err_size, std::string("synthetic model: cannot write ") + path_out + ": " + errno_text());
+            return -1;
+        }
+    }
+
+    int n_threads = p.n_threads > 0 ? p.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+    n_threads = std::max(1, std::min<int>(n_threads, (int) std::max<size_t>(1, chunks.size())));
+    const size_t window = (size_t) std::max(8, 3 * n_threads);  // chunks in flight or waiting to be written
+    std::vector<std::vector<uint8_t>> slots(window);
+    std::vector<char> done(chunks.size(), 0);
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t next = 0, written = 0;
+    bool stop = false;
+    std::string failure;
+
+    auto worker = [&]() {
+        std::vector<float> f32;
+        for (;;) {
+            size_t j;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                cv.wait(lk, [&] { return stop || next >= chunks.size() || next < written + window; });
+                if (stop || next >= chunks.size()) {
+                    return;
+                }
+                j = next++;
+            }
+            std::vector<uint8_t> out;
+            {
+                std::lock_guard<std::mutex> lk(mu);
+                out.swap(slots[j % window]);  // reuse the slot's allocation
+            }
+            try {
+                fill_rows(jobs[chunks[j].tensor], p, chunks[j].row0, chunks[j].nrows, f32, out);
+            } catch (const std::exception & e) {
+                std::lock_guard<std::mutex> lk(mu);
+                if (failure.empty()) {
+                    failure = e.what();
+                }
+                stop = true;
+                cv.notify_all();
+                return;
+            }
+            std::lock_guard<std::mutex> lk(mu);
+            slots[j % window].swap(out);
+            done[j] = 1;
+            cv.notify_all();
+        }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve((size_t) n_threads);
+    for (int i = 0; i < n_threads; ++i) {
+        pool.emplace_back(worker);
+    }
+
+    // the calling thread writes the chunks in order, padding each tensor to the GGUF alignment
+    const size_t align = gguf_get_alignment(g.get());
+    uint64_t pos = 0, data_done = 0;  // position within the data section
+    int32_t rc = 0;
+    static const uint8_t zeros[64] = { 0 };
+    for (size_t j = 0; j < chunks.size(); ++j) {
+        std::vector<uint8_t> out;
+        {
+            std::unique_lock<std::mutex> lk(mu);
+            cv.wait(lk, [&] { return stop || done[j]; });
+            if (!done[j]) {
+                break;
+            }
+            out.swap(slots[j % window]);
+        }
+        const chunk & c = chunks[j];
+        if (c.row0 == 0) {
+            const uint64_t want = gguf_get_tensor_offset(g.get(), (int64_t) c.tensor);
+            while (pos < want) {
+                const size_t n = (size_t) std::min<uint64_t>(sizeof(zeros), want - pos);
+                if (fwrite(zeros, 1, n, f.get()) != n) {
+                    break;
+                }
+                pos += n;
+            }
+        }
+        bool ok = pos == gguf_get_tensor_offset(g.get(), (int64_t) c.tensor) +
+                             (uint64_t) c.row0 * jobs[c.tensor].row_bytes &&
+                  fwrite(out.data(), 1, out.size(), f.get()) == out.size();
+        pos += out.size();
+        data_done += out.size();
+        const bool cancel = ok && progress != nullptr && progress(user_data, data_done, total_bytes) != 0;
+        std::lock_guard<std::mutex> lk(mu);
+        slots[j % window].swap(out);
+        written = j + 1;
+        if (!ok || cancel) {
+            if (failure.empty()) {
+                failure = !ok ? std::string("cannot write ") + path_out + ": " + errno_text() : "cancelled";
+            }
+            rc = cancel ? -2 : -1;
+            stop = true;
+        }
+        cv.notify_all();
+        if (stop) {
+            break;
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        stop = true;
+        cv.notify_all();
+    }
+    for (auto & th : pool) {
+        th.join();
+    }
+    if (!failure.empty()) {
+        pls::set_err(err, err_size, "synthetic model: " + failure);
+        return rc != 0 ? rc : -1;
+    }
+    // the data section ends padded, as gguf's own writer leaves it
+    while (pos % align != 0) {
+        const size_t n = (size_t) std::min<uint64_t>(sizeof(zeros), align - pos % align);
+        if (fwrite(zeros, 1, n, f.get()) != n) {
+            break;
+        }
+        pos += n;
+    }
+    if (fflush(f.get()) != 0 || ferror(f.get())) {
+        pls::set_err(err, err_size, std::string("synthetic model: cannot write ") + path_out + ": " + errno_text());
+        return -1;
+    }
+    (void) meta_size;
     return 0;
 }

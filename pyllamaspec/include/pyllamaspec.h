@@ -456,30 +456,43 @@ int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype,
 /* Name of a llama_ftype value (e.g. "Q4_0"); empty when unknown. */
 int32_t pls_ftype_name(int32_t ftype, char * buf, int32_t buf_size);
 
-/* Synthetic models for tests and benchmarks: a tiny-to-realistic random model of an upstream arch,
- * built from metadata alone by upstream's loader and saved as GGUF with F32 weights. */
+/* Synthetic models for tests and benchmarks, at any scale. The tensor list comes from upstream's loader: every
+ * tensor an arch needs, with its shape, from a GGUF's metadata alone, nothing allocated. The writer streams a GGUF
+ * of seeded random values converted to each tensor's type, chunk by chunk on n_threads threads; a value depends on
+ * the seed, the tensor name and its index only, so every thread count writes the same bytes. */
+enum {
+    PLS_SYNTH_WEIGHT = 0,           /* N(0, stddev) */
+    PLS_SYNTH_NORM = 1,             /* 1 + N(0, stddev): keeps activations in range through many layers */
+    PLS_SYNTH_NEGATIVE = 2          /* -|N(0, stddev)|: a recurrent state's decay */
+};
+
+typedef struct pls_synth_tensor {
+    const char * name;
+    int64_t  ne[4];                 /* ggml order, trailing dimensions 1 */
+    int32_t  type;                  /* ggml_type: F32, F16, Q8_0, Q4_0 or Q6_K */
+    int32_t  kind;                  /* PLS_SYNTH_* */
+} pls_synth_tensor;
+
 typedef struct pls_synth_params {
-    const char * arch;              /* "llama", "qwen2", "qwen3", "qwen35", ... */
-    int32_t  n_vocab;
-    int32_t  n_embd;
-    int32_t  n_layer;
-    int32_t  n_head;
-    int32_t  n_head_kv;
-    int32_t  n_ff;
-    int32_t  n_ctx_train;
-    int32_t  full_attention_interval; /* hybrid archs: every Nth layer is attention */
-    int32_t  ssm_d_inner;
-    int32_t  ssm_d_state;
-    int32_t  ssm_n_group;
-    int32_t  ssm_d_conv;
-    int32_t  n_layer_nextn;         /* MTP heads appended after the trunk */
     uint32_t seed;
-    float    stddev;
-    uint32_t perturb_seed;          /* 0: none; else add N(0, perturb_stddev) noise (a "draft model") */
+    float    stddev;                /* finite, > 0 */
+    uint32_t perturb_seed;          /* 0: none; else add N(0, perturb_stddev) (a draft model that agrees often) */
     float    perturb_stddev;
+    int32_t  n_threads;             /* <= 0: every core */
 } pls_synth_params;
 
-int32_t pls_synth_model(const pls_synth_params * params, const char * path_out, char * err, size_t err_size);
+/* Called by the writing thread after each chunk; return non-zero to cancel (the write then returns -2). */
+typedef int32_t (*pls_synth_progress_cb)(void * user_data, uint64_t bytes_done, uint64_t bytes_total);
+
+/* The tensors upstream's loader creates for the metadata of meta_path (a GGUF of keys, no tensors) as JSON,
+ * [{"name": "...", "ne": [n0, n1, n2, n3]}, ...]. Returns its length, -(needed) when buf is too small, or -1. */
+int32_t pls_synth_list_tensors(const char * meta_path, int32_t load_mtp, char * buf, int32_t buf_size,
+                               char * err, size_t err_size);
+/* Write meta_path's keys and these tensors with random values as a GGUF at path_out (truncated first).
+ * Returns 0, -2 when progress cancelled it, or -1 with a message. */
+int32_t pls_synth_write(const char * meta_path, const pls_synth_tensor * tensors, int32_t n_tensors,
+                        const pls_synth_params * params, const char * path_out, pls_synth_progress_cb progress,
+                        void * user_data, char * err, size_t err_size);
 
 /* PLS_CDEF_END */
 
