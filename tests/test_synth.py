@@ -58,7 +58,7 @@ def test_every_type_loads_and_a_perturbed_drafter_is_exact(tmp_path, preset, wty
     with Model(t) as target, Model(d) as drafter:
         ref = plain(target)
         assert len(ref.tokens) == N_PREDICT
-        with SpecSession(target, drafter, SessionConfig(spec_types="draft-simple", n_max=4, n_ctx=512)) as sess:
+        with SpecSession(target, drafter, SessionConfig(adaptive=False, spec_types="draft-simple", n_max=4, n_ctx=512)) as sess:
             r = sess.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert_stats_consistent(r.stats)
@@ -377,7 +377,7 @@ def test_scale_down_pairs_are_exact(tmp_path, preset, version, block, wtype):
         assert drafter.info.target_layers == tuple(i + 1 for i in p.drafter.target_layer_ids)
         ref = plain(target)
         for n_max in (3, block - 1):
-            with SpecSession(target, drafter, SessionConfig(n_max=n_max, n_ctx=512)) as s:
+            with SpecSession(target, drafter, SessionConfig(adaptive=False, n_max=n_max, n_ctx=512)) as s:
                 assert s.info.spec_types == ("draft-dflash",) and s.info.rollback_target == "ring"
                 r = s.generate(PROMPT, N_PREDICT)
             assert_equal_up_to_near_tie(r.tokens, ref)
