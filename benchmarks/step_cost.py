@@ -1,0 +1,161 @@
+"""Speculative step cost on one machine: our loop (fixed lengths, adaptive) against plain decoding and upstream's
+llama-speculative-simple, at natural or synthetic acceptance and several context depths.
+
+Arms run interleaved, round after round, after one discarded warm-up round per arm; each figure is the median
+of the rounds with min and max. Per-step profile from the session's native counters (draft, verify, device
+wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binary loads per run, so its
+figure is its own "decoded N tokens" speed, which excludes loading).
+
+    python benchmarks/step_cost.py -m target.gguf -md drafter.gguf --arms plain,n4,n8,adaptive,upstream-n4 \\
+        --depth 0,4096 --synth 0,0.6,0.9 --rounds 8 --n-predict 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.bench.external import packaged_speculative_simple, parse_speculative_simple_output
+
+
+def synth_rates(level: float, n_max: int) -> list[float] | None:
+    """Unconditional acceptance of position i = level ** (i + 1): each drafted token lands with probability level."""
+    if level <= 0:
+        return None
+    return [level ** (i + 1) for i in range(n_max)]
+
+
+def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
+    """depth filler tokens (random ids of the vocabulary, fixed by seed) and a short task."""
+    rng = random.Random(seed)
+    n_vocab = model.info.n_vocab
+    body = [rng.randrange(100, n_vocab - 100) for _ in range(depth + 32)]
+    return body
+
+
+def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None) -> SessionConfig | None:
+    types = [spec_type] if spec_type else None  # None: detected from the drafter GGUF
+    if arm == "plain":
+        return SessionConfig(spec_types=[], n_ctx=n_ctx, n_batch=2048, n_ubatch=512)
+    if arm.startswith("n"):
+        n = int(arm[1:])
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, n_ctx=n_ctx, n_batch=2048,
+                             n_ubatch=512, synth_rates=synth_rates(level, n))
+    if arm.startswith("adaptive"):
+        n = int(arm[len("adaptive"):] or 8)
+        return SessionConfig(spec_types=types, n_max=n, n_ctx=n_ctx, n_batch=2048, n_ubatch=512,
+                             synth_rates=synth_rates(level, n))
+    return None
+
+
+def run_upstream(binary: Path, target: Path, drafter: Path, n: int, tokens_text: str, n_predict: int,
+                 n_ctx: int, spec_type: str) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        pf = Path(d) / "prompt.txt"
+        pf.write_text(tokens_text + "\n")
+        cmd = [str(binary), "-m", str(target), "-md", str(drafter), "-f", str(pf), "-n", str(n_predict), "-c", str(n_ctx),
+               "-b", str(n_ctx), "--temp", "0", "--seed", "0", "-ngl", "all", "-ngld", "all",
+               "--spec-type", spec_type, "--spec-draft-n-max", str(n)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError("upstream failed: " + (out.stdout + out.stderr)[-2000:])
+    return parse_speculative_simple_output(out.stdout + "\n" + out.stderr)
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-md", "--model-draft", required=True)
+    ap.add_argument("--arms", default="plain,n4,n8,adaptive,upstream-n4,upstream-n8")
+    ap.add_argument("--depth", default="0")
+    ap.add_argument("--synth", default="0", help="acceptance levels (0: natural acceptance of the pair)")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--spec-type", default=None, help="default: detected from the drafter")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    arms = args.arms.split(",")
+    depths = [int(x) for x in args.depth.split(",")]
+    levels = [float(x) for x in args.synth.split(",")]
+    upstream = packaged_speculative_simple()
+    target_path, drafter_path = Path(args.model), Path(args.model_draft)
+    target, drafter = Model(target_path), Model(drafter_path)
+    from pyllamaspec.ggufmeta import read_summary
+    from pyllamaspec.pairing import detect_spec_types
+    spec_name = args.spec_type or detect_spec_types(read_summary(drafter_path))[0]
+    record = {"spec_type": spec_name, "target": str(target_path), "drafter": str(drafter_path), "n_predict": args.n_predict,
+              "rounds": args.rounds, "cells": [], "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
+    for depth in depths:
+        n_ctx = depth + 32 + args.n_predict + 128
+        n_ctx = ((n_ctx + 255) // 256) * 256
+        prompt = prompt_tokens(target, depth, seed=depth + 1)
+        prompt_text = " ".join(f"tok_{t}" for t in prompt)
+        for level in levels:
+            sessions = {}
+            for arm in arms:
+                cfg = arm_config(arm, n_ctx, level, args.spec_type)
+                if cfg is not None:
+                    sessions[arm] = SpecSession(target, None if arm == "plain" else drafter, cfg)
+            runs = {arm: [] for arm in arms}
+            for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
+                for arm in arms:
+                    if arm.startswith("upstream"):
+                        if level > 0 or upstream is None or depth > 0:
+                            continue  # upstream's example has no synthetic acceptance; its prompt is text
+                        fig = run_upstream(upstream, target_path, drafter_path, int(arm.split("-n")[1]), prompt_text,
+                                           args.n_predict, n_ctx, spec_name)
+                        row = {"tok_s": fig["tokens_per_second"], "acceptance":
+                               (fig["n_accept"] / fig["n_drafted"]) if fig.get("n_drafted") else None}
+                    else:
+                        r = sessions[arm].generate(prompt, args.n_predict)
+                        st = r.stats
+                        steps = max(1, st.n_steps)
+                        row = {"tok_s": st.tokens_per_second, "acceptance": st.acceptance,
+                               "al": st.mean_accepted_length, "steps": st.n_steps,
+                               "ms_per_step": st.t_decode_ms / steps,
+                               "profile_ms_per_step": {k: getattr(st, k) / steps for k in (
+                                   "t_draft_ms", "t_verify_ms", "t_sync_ms", "t_sample_ms", "t_process_ms",
+                                   "t_rollback_ms")},
+                               "graph_captures": st.n_graph_captures, "graph_resets": st.n_graph_resets,
+                               "k_histogram": st.k_histogram, "est_plain_tok_s": st.estimated_plain_tokens_per_second}
+                    if rnd > 0:
+                        runs[arm].append(row)
+                    else:
+                        sessions.get(arm) and sessions[arm].reset_stats()
+            for s in sessions.values():
+                s.close()
+            cell = {"depth": depth, "synthetic_acceptance": level or None, "arms": {}}
+            plain = statistics.median(r["tok_s"] for r in runs["plain"]) if runs.get("plain") else None
+            for arm, rows in runs.items():
+                if not rows:
+                    continue
+                tok = [r["tok_s"] for r in rows]
+                entry = {"tok_s": summary(tok), "runs": rows}
+                if plain:
+                    entry["x_plain"] = statistics.median(tok) / plain
+                cell["arms"][arm] = entry
+            record["cells"].append(cell)
+            line = " ".join(f"{a}={e['tok_s']['median']:.1f}" + (f"({e['x_plain']:.2f}x)" if 'x_plain' in e else "")
+                            for a, e in cell["arms"].items())
+            print(f"depth {depth} acceptance {level or 'natural'}: {line}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
