@@ -9,7 +9,7 @@ namespace pls {
 namespace {
 
 constexpr double EMA = 0.25;               // weight of a new cost observation
-constexpr double HAZARD_DECAY = 0.93;      // per draft of a stream: ~15 drafts of memory
+constexpr double HAZARD_DECAY = 0.97;      // per draft of a stream: ~33 drafts of memory
 constexpr double POOL_DECAY = 0.97;
 constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimistic, so speculation gets tried
 constexpr double PRIOR_WEIGHT = 2.0;
@@ -46,13 +46,28 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
     const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
     const size_t i = it - b.keys.begin();
     if (it == b.keys.end() || *it != n_tokens) {
+        // a batch size's first runs may pay one-time costs (a GPU graph captured for the new shape, caches): until
+        // a size has been seen twice, it counts for at most 1.5x what the sizes seen twice predict, so one spike
+        // cannot make every larger batch look dear (and keep speculation off, never to measure it again)
+        double ref = predict_confirmed(b, n_tokens);
+        if (!(ref > 0.0) && has_any()) {
+            ref = predict(n_tokens, bucket);  // nothing seen twice here yet: the sizes seen once, a neighbour's curve
+        }
+        if (ref > 0.0) {
+            ms = std::min(ms, 1.5 * ref);
+        }
         b.keys.insert(it, n_tokens);
         b.ms.insert(b.ms.begin() + i, ms);
+        b.count.insert(b.count.begin() + i, 1);
     } else {
         // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
         double & cell = b.ms[i];
-        const double x = std::clamp(ms, cell / 3.0, cell * 3.0);
-        cell += EMA * (x - cell);
+        if (b.count[i]++ == 1) {
+            cell = std::min(cell, ms);  // the second run of a size replaces a first run that paid a warm-up
+        } else {
+            const double x = std::clamp(ms, cell / 3.0, cell * 3.0);
+            cell += EMA * (x - cell);
+        }
     }
     b.n_seen++;
     b.env.resize(b.ms.size());
@@ -95,18 +110,56 @@ double cost_table::predict_in(const bucket_data & b, int32_t n_tokens) const {
     return b.env[last] + slope * (n_tokens - b.keys[last]);
 }
 
+double cost_table::predict_confirmed(const bucket_data & b, int32_t n_tokens) const {
+    bucket_data c;
+    for (size_t j = 0; j < b.keys.size(); ++j) {
+        if (b.count[j] >= 2) {
+            c.keys.push_back(b.keys[j]);
+            c.ms.push_back(b.ms[j]);
+        }
+    }
+    if (c.keys.empty()) {
+        return 0.0;
+    }
+    double run = 0.0;
+    for (double v : c.ms) {
+        run = std::max(run, v);
+        c.env.push_back(run);
+    }
+    return predict_in(c, n_tokens);
+}
+
 double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
     n_tokens = std::clamp(n_tokens, 1, MAX_T);
     bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
-    // this bucket, else the nearest shallower one (costs only grow with depth), else the nearest deeper one
-    for (int32_t d = 0; d < N_BUCKETS; ++d) {
-        const int32_t below = bucket - d, above = bucket + d;
-        if (below >= 0 && b_[below].n_seen > 0) {
-            return predict_in(b_[below], n_tokens);
+    // the nearest bucket (shallower first: costs only grow with depth) with a curve, i.e. two sizes or more
+    auto nearest = [&](size_t min_keys) -> int32_t {
+        for (int32_t d = 0; d < N_BUCKETS; ++d) {
+            if (bucket - d >= 0 && b_[bucket - d].keys.size() >= min_keys) {
+                return bucket - d;
+            }
+            if (d > 0 && bucket + d < N_BUCKETS && b_[bucket + d].keys.size() >= min_keys) {
+                return bucket + d;
+            }
         }
-        if (d > 0 && above < N_BUCKETS && b_[above].n_seen > 0) {
-            return predict_in(b_[above], n_tokens);
-        }
+        return -1;
+    };
+    const bucket_data & b = b_[bucket];
+    if (b.keys.size() >= 2 || (b.keys.size() == 1 && b.keys[0] == n_tokens)) {
+        return predict_in(b, n_tokens);
+    }
+    const int32_t curve = nearest(2);
+    if (b.keys.size() == 1 && curve >= 0) {
+        // one size seen at this depth (a calibration step): the shape of a neighbouring depth's curve, scaled to it
+        const double at = predict_in(b_[curve], b.keys[0]);
+        return at > 0.0 ? predict_in(b_[curve], n_tokens) * b.env[0] / at : predict_in(b, n_tokens);
+    }
+    if (!b.keys.empty()) {
+        return predict_in(b, n_tokens);
+    }
+    const int32_t any = curve >= 0 ? curve : nearest(1);
+    if (any >= 0) {
+        return predict_in(b_[any], n_tokens);
     }
     return prior_base * (1.0 + prior_slope * (n_tokens - 1));
 }
@@ -121,6 +174,15 @@ bool cost_table::known_at(int32_t n_tokens, int32_t bucket) const {
     }
     const auto & k = b_[bucket].keys;
     return std::binary_search(k.begin(), k.end(), std::min(n_tokens, MAX_T));
+}
+
+bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
+    if (!known(bucket)) {
+        return false;
+    }
+    const auto & b = b_[bucket];
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), std::min(n_tokens, MAX_T));
+    return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= 2;
 }
 
 bool cost_table::has_any() const {
@@ -444,8 +506,15 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
             s.steps = 0;
         } else {
             s.steps++;
-            if (best[i] < std::min(cap_of(i), explore_cap) && (rng_() % EXPLORE_ONE_IN) == 0) {
-                best[i]++;  // learn what one more position costs and how often it lands
+            // learn what one more position costs and how often it lands: often while its batch size was measured
+            // only once (that run may have paid a warm-up), now and then otherwise
+            int32_t t_next = 0;
+            for (int32_t j = 0; j < n; ++j) {
+                t_next += active[j] ? best[j] + 1 : 0;
+            }
+            const uint32_t one_in = target_.confirmed_at(t_next + 1, bucket) ? EXPLORE_ONE_IN : EXPLORE_ONE_IN / 4;
+            if (best[i] < std::min(cap_of(i), explore_cap) && (rng_() % one_in) == 0) {
+                best[i]++;
             }
         }
     }
@@ -483,6 +552,10 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
 }
 
 bool controller::could_pay(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free) const {
+    // until a short draft's cost has been measured twice here, it may be a one-off: keep probing
+    if (!target_.confirmed_at(1 + PROBE_K, bucket)) {
+        return true;
+    }
     // the best case: every drafted token lands, nothing to catch up
     std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
     act[stream] = 1;

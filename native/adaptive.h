@@ -45,6 +45,7 @@ public:
     double predict(int32_t n_tokens, int32_t bucket) const;
     bool known(int32_t bucket) const;
     bool known_at(int32_t n_tokens, int32_t bucket) const;
+    bool confirmed_at(int32_t n_tokens, int32_t bucket) const;  // seen at least twice
     bool has_any() const;
     void clear();
 
@@ -56,10 +57,12 @@ private:
         std::vector<int32_t> keys;   // batch sizes seen, ascending
         std::vector<double> ms;      // EMA cost per key
         std::vector<double> env;     // monotone envelope of ms (running max), rebuilt on change
+        std::vector<int32_t> count;  // observations per key
         int32_t n_seen = 0;
     };
     bucket_data b_[N_BUCKETS];
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
+    double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
 };
 
 // Decayed counts of position-wise acceptance.

@@ -33,6 +33,12 @@ void save_ckpt(pls_session & s, stream_state & st) {
     st.dft.ckpt_pos = st.dft.pos;
 }
 
+// a target token the draft model can read: a pair may differ in vocabulary size by a few padding tokens, which
+// the target can still produce; the draft model sees token 0 there (only its guesses suffer, never the output)
+llama_token dft_token(const pls_session & s, llama_token t) {
+    return t >= 0 && t < s.n_vocab_dft ? t : 0;
+}
+
 }  // namespace
 
 void draft_model_feed_batch(pls_session & s) {
@@ -102,7 +108,7 @@ void draft_model_run(pls_session & s, step_timing & tm) {
                 decode_dft(s, "catch-up");
                 batch.clear();
             }
-            batch.add(st->prompt_tgt[p], p, st->seq, false);
+            batch.add(dft_token(s, st->prompt_tgt[p]), p, st->seq, false);
         }
         st->dft.pos = st->n_past;
         if (s.use_ckpt_dft) {
@@ -119,7 +125,7 @@ void draft_model_run(pls_session & s, step_timing & tm) {
             decode_dft(s, "catch-up");
             batch.clear();
         }
-        out_idx[st->seq] = batch.add(st->id_last, st->n_past, st->seq, true);
+        out_idx[st->seq] = batch.add(dft_token(s, st->id_last), st->n_past, st->seq, true);
         st->dft.pos = st->n_past + 1;
         common_sampler_reset(s.dft_smpl[st->seq].get());
     }

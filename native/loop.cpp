@@ -206,7 +206,7 @@ void feed_drafters(pls_session & s, common_batch & batch, int32_t prompt_from) {
         b.clear();
         for (int32_t i = prompt_from; i < batch.size(); ++i) {
             const auto & t = batch.tokens[i];
-            b.add(t.id, t.pos[0], t.seq_id, false);
+            b.add(t.id >= 0 && t.id < s.n_vocab_dft ? t.id : 0, t.pos[0], t.seq_id, false);
         }
         draft_model_feed_batch(s);
     }

@@ -113,6 +113,7 @@ struct pls_session {
     int32_t n_rs_seq = 0;
     uint64_t ring_bytes = 0;
     int32_t n_vocab = 0;
+    int32_t n_vocab_dft = 0;               // the draft model's vocabulary (may be smaller than the target's)
     bool greedy = false;                   // temperature 0 and nothing else to apply: verify by argmax
     std::string draft_device = "none";
     int32_t drafter_kind = pls::DRAFTER_NONE;

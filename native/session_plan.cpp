@@ -478,6 +478,7 @@ void setup_drafting(pls_session & s) {
 
     // the shim drives a draft model itself: the engine keeps only the n-gram lookups of a combined list
     if (s.own_draft_model) {
+        s.n_vocab_dft = llama_vocab_n_tokens(llama_model_get_vocab(s.drafter->model));
         s.batch_dft = common_batch(s.ctx_dft.get());
         for (int32_t q = 0; q < s.sp.n_parallel; ++q) {
             common_params_sampling sp;  // as upstream's draft-simple: the top 10 candidates, the best one drafted

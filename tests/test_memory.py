@@ -57,6 +57,9 @@ def test_a_kv_cache_larger_than_host_memory_is_refused():
 
 
 def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
+    from pyllamaspec.buildinfo import info
+    if set(info().get("backends", [])) - {"cpu"}:
+        pytest.skip("the context sits in GPU memory in a GPU build; host_available does not bound it there")
     target, _ = hybrid_pair
     cfg = SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=8, n_rs_seq=8, n_ctx=512)
     one = total_need(estimate_memory(target, session_config=cfg))

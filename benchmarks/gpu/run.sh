@@ -22,42 +22,46 @@ phase_setup() {
         CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation --no-deps --target $PKG . \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
-    python3 -m pyllamaspec.cli info
+    python3 -P -m pyllamaspec.cli info
     t0=$SECONDS
-    [ -f /tmp/m/t7b.gguf ] || python3 -m pyllamaspec.cli synth /tmp/m/t7b.gguf --preset qwen2.5-7b --type q4_0 --stddev 0.02 --seed 1
-    [ -f /tmp/m/d05.gguf ] || python3 -m pyllamaspec.cli synth /tmp/m/d05.gguf --preset qwen2.5-0.5b --type q4_0 --stddev 0.02 --seed 2
+    [ -f /tmp/m/t7b.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t7b.gguf --preset qwen2.5-7b --type q4_0 --stddev 0.02 --seed 1
+    [ -f /tmp/m/d05.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/d05.gguf --preset qwen2.5-0.5b --type q4_0 --stddev 0.02 --seed 2
     echo "synth 7B + 0.5B: $((SECONDS - t0)) s"
 }
 
 phase_tests() {
-    timeout 560 python3 -m pytest -q -x -m "not realmodel" -p no:cacheprovider tests/test_sessions.py tests/test_streams.py \
+    timeout 300 python3 -P -m pytest -q -m "not realmodel" -p no:cacheprovider tests/test_sessions.py tests/test_streams.py \
         tests/test_model_drafters.py tests/test_threads.py tests/test_continuous.py tests/test_adaptive.py \
         tests/test_sampling.py tests/test_memory.py 2>&1 | tail -15
 }
 
+phase_diag() {
+    timeout 200 python3 -P -m pytest -q -x --tb=short -p no:cacheprovider tests/test_streams.py -k "hybrid" 2>&1 | tail -40
+}
+
 phase_step() {
-    python3 benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
+    python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
         --arms plain,n4,n8,adaptive,upstream-n4,upstream-n8 --depth 0 --synth 0 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-natural.json"
-    python3 benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
+    python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
         --arms plain,n4,n8,adaptive --depth 0 --synth 0.3,0.6,0.8,0.9 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-synthetic.json"
 }
 
 phase_depth() {
-    python3 benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
+    python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
         --arms plain,n4,n8,adaptive --depth 4096,16384 --synth 0.3,0.6,0.9 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-depth.json"
 }
 
 phase_hybrid27() {
     local t0=$SECONDS
-    [ -f /tmp/m/t27.gguf ] || python3 -m pyllamaspec.cli synth /tmp/m/t27.gguf --preset qwen3.8-27b --type q4_0 \
+    [ -f /tmp/m/t27.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t27.gguf --preset qwen3.8-27b --type q4_0 \
         --stddev 0.02 --seed 3 --drafter /tmp/m/d27.gguf
     echo "synth 27B + DFlash2: $((SECONDS - t0)) s"
     # the field report's profile: about 64% of drafted tokens land, 3.6-5 tokens per step at n_max 7
-    python3 benchmarks/step_cost.py -m /tmp/m/t27.gguf -md /tmp/m/d27.gguf \
-        --arms plain,n7,adaptive7,upstream-n7 --depth 0,4096,16384 --synth 0,0.8 --rounds 8 --n-predict 96 \
+    python3 -P benchmarks/step_cost.py -m /tmp/m/t27.gguf -md /tmp/m/d27.gguf \
+        --arms plain,n7,adaptive7,upstream-n7 --depth 0,4096 --synth 0,0.8 --rounds 8 --n-predict 64 \
         --json "$OUT/h200-hybrid27.json"
 }
 
