@@ -10,22 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Sequence
 
+from ._native.header import MAX_DRAFT, MAX_STREAMS, SPEC_TYPE_IDS, SPEC_TYPES
 from .errors import ConfigError
 
-# llama.cpp's names, in the order of upstream's enum common_speculative_type
-SPEC_TYPES: tuple[str, ...] = (
-    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-)
+# SPEC_TYPES: llama.cpp's names, in the order of upstream's enum common_speculative_type (from the header)
 SPEC_TYPE_ALIASES = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "mtp": "draft-mtp",
                      "eagle3": "draft-eagle3", "draft": "draft-simple", "dspark": "draft-dspark"}
 DRAFTER_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark"})
-NGRAM_TYPES = frozenset({"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"})
+NGRAM_TYPES = frozenset(name for name in SPEC_TYPES if name.startswith("ngram-"))
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-MAX_DRAFT = 64  # PLS_MAX_DRAFT
-MAX_STREAMS = 64  # PLS_MAX_STREAMS
+
+# The draft ceiling (--spec-draft-n-max) when none is asked for: the API, `generate` and `bench` all use it.
+DEFAULT_N_MAX = 3
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -51,7 +51,7 @@ def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def spec_type_id(name: str) -> int:
-    return SPEC_TYPES.index(name)
+    return SPEC_TYPE_IDS[name]
 
 
 @dataclass
@@ -87,7 +87,7 @@ class SessionConfig:
     """A speculative session: what drafts, how much, and how the target samples."""
 
     spec_types: Sequence[str] | str | None = None  # None: detect from the drafter (or plain decoding)
-    n_max: int = 3                  # --spec-draft-n-max (upstream default)
+    n_max: int = DEFAULT_N_MAX      # --spec-draft-n-max
     n_min: int = 0                  # --spec-draft-n-min
     p_min: float = 0.0              # --spec-draft-p-min
     n_ctx: int = 4096

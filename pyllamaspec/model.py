@@ -11,6 +11,7 @@ from typing import Sequence
 from . import _native
 from .config import SPLIT_MODES, ModelConfig
 from .errors import ConfigError, ModelLoadError
+from .ggufinfo import check_model_file
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,7 @@ class Model:
             raise ConfigError("pass either a ModelConfig or keyword settings, not both")
         self.config = config or ModelConfig(**overrides)
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"model file '{self.path}' does not exist")
+        check_model_file(self.path)  # missing, a directory or a FIFO: refused before llama.cpp opens it
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
         p, _keep = native_model_params(ffi, self.path, self.config)

@@ -14,15 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _native
+from ._native import FINISH_REASONS, ROLLBACK_KINDS
 from .config import KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
 from .errors import (ConfigError, ContextOverflowError, GenerationError, PairingError, PlacementError,
                      PyllamaspecError)
-from .ggufmeta import read_summary
+from .ggufinfo import read_summary, require_pair
 from .model import Model
-from .pairing import require_pair
-
-FINISH_REASONS = {0: None, 1: "length", 2: "eog", 3: "stopped", 4: "context", 5: "error"}
-ROLLBACK_KINDS = {0: "none", 1: "kv", 2: "ring", 3: "checkpoint"}
 
 
 @dataclass

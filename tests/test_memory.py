@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyllamaspec import SessionConfig, synth
+from pyllamaspec import SessionConfig
+from pyllamaspec.tools import synth
 from pyllamaspec.errors import MemoryBudgetError
 from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory
 
@@ -53,3 +54,13 @@ def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):
     e = estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=7, n_rs_seq=16,
                                                              n_ubatch=8, n_batch=8, n_ctx=256))
     assert total_need(e).context > 0
+
+
+def test_estimate_refuses_a_fifo_before_the_loader_opens_it(tmp_path):
+    import os
+
+    from pyllamaspec.errors import ModelLoadError
+
+    os.mkfifo(tmp_path / "target.gguf")
+    with pytest.raises(ModelLoadError, match="is a FIFO"):
+        estimate_memory(tmp_path / "target.gguf")

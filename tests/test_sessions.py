@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from pyllamaspec import Model, SessionConfig, SpecSession, synth
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.tools import synth
 from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadError, PairingError,
                                 PyllamaspecError)
 
@@ -292,3 +293,14 @@ def test_score_margins_reproduces_plain_margins_and_measures_batch_shape_noise(d
     assert single == ref.margins  # plain decoding's batch shapes: the same numbers
     # close to plain (CPU ~1e-5, CUDA ~1e-3 on this model), aligned to the same positions
     assert batched == pytest.approx(ref.margins, abs=0.01)
+
+
+def test_a_directory_or_fifo_is_not_a_model(tmp_path):
+    import os
+
+    with pytest.raises(ModelLoadError, match="is a directory"):
+        Model(tmp_path)
+    os.mkfifo(tmp_path / "pipe.gguf")
+    with pytest.raises(ModelLoadError, match="is a FIFO"):
+        Model(tmp_path / "pipe.gguf")  # refused before llama.cpp would open (and block on) it
+

@@ -1,9 +1,10 @@
 """Decide whether a target and a drafter can run together: the single place for that decision.
 
-It works on GGUF headers alone (ggufmeta), so the session API can refuse a bad pair before any
-native allocation, and `inspect --pair` and the converter give the same verdict. The rules mirror
-what the vendored llama.cpp checks or silently assumes (common/speculative.cpp, src/models/dflash.cpp,
-src/models/eagle3.cpp); each problem names the field, both sides' values and what to do.
+It works on GGUF headers alone (summary.GGUFSummary), so the session API can refuse a bad pair before any
+native allocation, and `inspect --pair` and the converter (which describes the drafter it is about to write
+as a summary) give the same verdict. The rules mirror what the vendored llama.cpp checks or silently assumes
+(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp); each problem names the field, both
+sides' values and what to do.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import DRAFTER_TYPES, MAX_DRAFT, SPEC_TYPES
-from .errors import ModelLoadError, PairingError
-from .ggufmeta import GGUFSummary, token_fingerprint
+from ..config import DRAFTER_TYPES, MAX_DRAFT, SPEC_TYPES
+from ..errors import ModelLoadError, PairingError
+from .reader import token_fingerprint
+from .summary import GGUFSummary
 
 # Hidden-state drafters (DFlash, EAGLE3) read the INPUT of target layer L (GGUF id = HF id + 1). Target graphs
 # record those inputs (res->t_layer_inp) only in these archs (upstream src/models/*.cpp at the pinned commit),
@@ -118,6 +120,16 @@ def require_pair(
         lines = "\n".join(f"  - {problem}" for problem in report.problems)
         raise PairingError(f"{subject} ({types}):\n{lines}")
     return report
+
+
+def tappable_layer_range(arch: str, n_layer: int, final_allowed: bool = False) -> tuple[int, int] | None:
+    """The GGUF layer ids (HF id + 1) a hidden-state drafter may tap on a target of ``arch`` with ``n_layer``
+    trunk layers (MTP blocks excluded), or None when the arch hands over no layer inputs at all. EAGLE3
+    (``final_allowed``) may also tap id n_layer, the final hidden state, which upstream reads through the
+    NextN embeddings instead."""
+    if arch not in LAYER_INPUT_ARCHS:
+        return None
+    return 1, n_layer if final_allowed or arch in FINAL_LAYER_INPUT_ARCHS else n_layer - 1
 
 
 def _show(value: object) -> str:
@@ -327,27 +339,27 @@ class _PairChecker:
     # -- shared by the hidden-state drafters ------------------------------------------------------
 
     def check_layer_ids(self, final_allowed: bool = False) -> None:
-        """Each tapped id must be a layer whose input the target can hand over. EAGLE3 may also tap id n_layer
-        (the final hidden state), which upstream reads through the NextN embeddings instead."""
+        """Each tapped id must be a layer whose input the target can hand over (tappable_layer_range)."""
         target, drafter = self.target, self.drafter
         assert drafter is not None
         n_layer = target.n_layer_main
         if n_layer is None:
             self.notes.append("the target declares no block_count; tapped layer ids were not checked")
             return
-        if target.arch not in LAYER_INPUT_ARCHS:
+        valid = tappable_layer_range(target.arch, n_layer, final_allowed)
+        if valid is None:
             self.problem(
                 "arch", target.arch, drafter.target_layers,
                 f"a {target.arch} target does not hand over layer inputs, which this drafter reads: "
                 "it cannot draft for this target",
             )
             return
-        highest = n_layer if final_allowed or target.arch in FINAL_LAYER_INPUT_ARCHS else n_layer - 1
-        bad = [i for i in drafter.target_layers if not 1 <= i <= highest]
+        lowest, highest = valid
+        bad = [i for i in drafter.target_layers if not lowest <= i <= highest]
         if bad:
             self.problem(
                 "target_layers", f"{n_layer} layers ({target.arch})", drafter.target_layers,
-                f"ids {_show(bad)} are outside 1..{highest}, the layers a {target.arch} target of {n_layer} "
+                f"ids {_show(bad)} are outside {lowest}..{highest}, the layers a {target.arch} target of {n_layer} "
                 "layers can hand over: the drafter was made for a different target",
             )
 

@@ -8,15 +8,15 @@ rollback really happen. Shapes of real models are presets (e.g. 'qwen2.5-1.5b').
 
 from __future__ import annotations
 
-import argparse
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import _native
-from .atomicfile import atomic_output
-from .errors import ConfigError, ModelLoadError
+from .. import _native
+from ..atomicfile import atomic_output
+from ..errors import ConfigError, ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *,
                  perturb_seed: int = 0, perturb_stddev: float = 0.0, f16: bool = False) -> Path:
     """Write a random model of `shape`; with perturb_seed, a noisy copy of the same model (a draft model).
     Weights are F32, or F16 through upstream's quantizer when f16 is set."""
+    for name, value in (("seed", seed), ("perturb_seed", perturb_seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 32:
+            raise ConfigError(f"{name}={value!r} must be an integer within 0..{2 ** 32 - 1}")
+    for name, value in (("stddev", stddev), ("perturb_stddev", perturb_stddev)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
     ffi, lib = _native.load()
     p = ffi.new("pls_synth_params *")
     arch = ffi.new("char[]", shape.arch.encode())
@@ -71,7 +77,7 @@ def write_target(path: str | os.PathLike, shape: TargetShape = TargetShape(), *,
         if lib.pls_synth_model(p, str(tmp).encode(), err.buf, err.SIZE) != 0:
             raise ModelLoadError(err.text)
         if f16:
-            from .quantize_cmd import quantize
+            from .quantize import quantize
             f32 = tmp.with_name(tmp.name + ".f32")
             os.replace(tmp, f32)
             try:
@@ -97,27 +103,6 @@ def write_pair(directory: str | os.PathLike, shape: TargetShape = TargetShape(),
     return target, drafter
 
 
-def register(sub) -> None:
-    p = sub.add_parser("synth", help="write synthetic GGUF models (random weights, real shapes) for tests and benchmarks")
-    p.add_argument("out", help="output GGUF path")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny-qwen3")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--stddev", type=float, default=0.1)
-    p.add_argument("--perturb-seed", type=int, default=0, help="non-zero: a noisy copy of the seed's model (draft model)")
-    p.add_argument("--perturb-stddev", type=float, default=0.01)
-    p.add_argument("--f16", action="store_true", help="write F16 weights instead of F32")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.perturb_seed and args.perturb_stddev <= 0:
-        raise ConfigError("--perturb-stddev must be > 0 with --perturb-seed")
-    path = write_target(args.out, PRESETS[args.preset], seed=args.seed, stddev=args.stddev,
-                        perturb_seed=args.perturb_seed, perturb_stddev=args.perturb_stddev, f16=args.f16)
-    print(path)
-    return 0
-
-
 def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, target_layers: tuple[int, ...],
                          n_embd: int, n_head: int = 4, n_head_kv: int = 2, n_ff: int | None = None,
                          seed: int = 1, stddev: float = 0.1) -> Path:
@@ -125,8 +110,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
     the target's embeddings and LM head, with the target's tokenizer. target_layers are GGUF ids (HF + 1)."""
     import numpy as np
 
-    from .convert import read_tokenizer_kv
-    from .ggufmeta import read_summary
+    from ..ggufinfo import read_summary, tokenizer_kv
 
     summary = read_summary(target)
     if len(target_layers) != 3:
@@ -154,7 +138,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         "blk.0.ffn_up.weight": weight(n_ff, n_embd),
         "blk.0.ffn_down.weight": weight(n_embd, n_ff),
     }
-    tokenizer_kv, _ = read_tokenizer_kv(Path(target))
+    target_tokenizer = tokenizer_kv(target)
 
     def fill(w) -> None:
         a = "eagle3"
@@ -169,7 +153,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         w.add_float32(f"{a}.rope.freq_base", 1000000.0)
         w.add_array(f"{a}.target_layers", list(target_layers))
         w.add_uint32(f"{a}.target_hidden_size", n_embd_tgt)
-        for key, value, vtype, sub in tokenizer_kv:
+        for key, value, vtype, sub in target_tokenizer:
             w.add_key_value(key, value, vtype, sub_type=sub)
         for name, data in tensors.items():
             w.add_tensor(name, data)
@@ -208,29 +192,28 @@ def write_dspark_drafter(path: str | os.PathLike, dflash_drafter: str | os.PathL
                          stddev: float = 0.1) -> Path:
     """A DSpark drafter: a DFlash drafter GGUF with a random Markov head (markov_w1 [rank, n_vocab],
     markov_w2 [rank, n_vocab]) and, optionally, a confidence head, as upstream's converter lays them out."""
-    import gguf
     import numpy as np
 
-    src = gguf.GGUFReader(dflash_drafter)
-    arch = src.fields["general.architecture"].contents() if "general.architecture" in src.fields else None
+    from ..ggufinfo import open_gguf
+
+    src = open_gguf(dflash_drafter)
+    arch = src.values.get("general.architecture")
     if arch != "dflash":
         raise ConfigError(f"{dflash_drafter}: arch {arch!r}, a DSpark drafter is built on a dflash GGUF")
-    n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
-    n_embd = int(src.fields["dflash.embedding_length"].contents())
+    n_vocab = src.array_lengths["tokenizer.ggml.tokens"]
+    n_embd = int(src.values["dflash.embedding_length"])
     weight = _random_weight(np.random.default_rng(seed), stddev)
     extra = {"markov_w1.weight": weight(n_vocab, rank), "markov_w2.weight": weight(n_vocab, rank)}
     if confidence_head:
         extra["conf_proj.weight"] = weight(1, n_embd + rank)
         extra["conf_proj.bias"] = np.zeros(1, dtype=np.float32)
     def fill(w) -> None:
-        for key, field in src.fields.items():
-            if key.startswith("GGUF.") or key == "general.architecture":
-                continue
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+        for key, value, vtype, sub in src.kv_items():
+            if key != "general.architecture":
+                w.add_key_value(key, value, vtype, sub_type=sub)
         w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
         w.add_bool("dflash.has_confidence_head", confidence_head)
-        for t in src.tensors:
+        for t in src.tensor_views():
             w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
         for name, data in extra.items():
             w.add_tensor(name, data)

@@ -1,8 +1,7 @@
-"""The raw binding: cffi (ABI mode) over the shim's header, and nothing else.
+"""Loading the native library: where it lies, what it was built with, and the ROCm/CUDA runtime checks.
 
-The declarations come verbatim from include/pyllamaspec.h (the region between PLS_CDEF_BEGIN and
-PLS_CDEF_END), so the header is the one source of truth for both sides. The safe API lives in
-model.py / session.py; code outside those modules should not need `lib` directly.
+The declarations it is opened with are header.py's (the one FFI of the process). The safe API lives in
+model.py / session.py; code outside those should not need `lib` directly.
 """
 
 from __future__ import annotations
@@ -10,16 +9,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 from functools import lru_cache
 from pathlib import Path
 
-from cffi import FFI
+from ..errors import BackendUnavailableError, BuildError
+from . import header
+from .header import PACKAGE_DIR
 
-from .errors import BackendUnavailableError, BuildError
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-HEADER = PACKAGE_DIR / "include" / "pyllamaspec.h"
 ABI_VERSION = 2  # must match PLS_ABI_VERSION in native/shim_common.h
 LIB_DIR_ENV = "PYLLAMASPEC_LIB_DIR"  # development: point at a build tree instead of the installed libs
 
@@ -28,14 +24,6 @@ ROCM_HELP = ("This is the ROCm build of pyllamaspec: it needs a ROCm 6.x runtime
              "(AMD ROCm <= 6.3, Debian's own ROCm 6.x packages, or AMD's TheRock gfx906 builds). ROCm 7 renamed "
              "these libraries and is not supported by this wheel. Install one of those, or make its lib "
              "directory visible (e.g. /opt/rocm/lib in /etc/ld.so.conf.d or LD_LIBRARY_PATH).")
-
-
-def cdef_source(header: Path = HEADER) -> str:
-    text = header.read_text(encoding="utf-8")
-    m = re.search(r"/\* PLS_CDEF_BEGIN \*/(.*)/\* PLS_CDEF_END \*/", text, re.S)
-    if not m:
-        raise BuildError(f"{header} has no PLS_CDEF_BEGIN/END region")
-    return m.group(1)
 
 
 def lib_dir() -> Path:
@@ -80,8 +68,7 @@ def load():
     info = build_info()
     if "hip" in info.get("backends", []):
         _check_rocm_runtime()
-    ffi = FFI()
-    ffi.cdef(cdef_source())
+    ffi = header.ffi()
     try:
         lib = ffi.dlopen(str(path))
     except OSError as e:
