@@ -104,10 +104,14 @@ def dflash_gguf(tmp_path: Path, name: str = "dflash.gguf", *, with_tokens: bool 
     return write_gguf(tmp_path / name, "dflash", kv, all_tensors, TOKENS if with_tokens else None)
 
 
-def eagle3_gguf(tmp_path: Path, target_layers: list[int], hidden: int = N_EMBD) -> Path:
-    kv = {"eagle3.block_count": 1, "eagle3.embedding_length": 32, "eagle3.target_hidden_size": hidden,
+def eagle3_gguf(tmp_path: Path, target_layers: list[int], hidden: int = N_EMBD, width: int | None = None,
+                name: str = "eagle3.gguf") -> Path:
+    """An EAGLE3 drafter trained on a target of ``hidden`` (target_hidden_size), ``width`` wide itself
+    (embedding_length; default: the same)."""
+    width = hidden if width is None else width
+    kv = {"eagle3.block_count": 1, "eagle3.embedding_length": width, "eagle3.target_hidden_size": hidden,
           "eagle3.target_layers": target_layers}
-    return write_gguf(tmp_path / "eagle3.gguf", "eagle3", kv, {"fc.weight": f32(32, 3 * hidden)})
+    return write_gguf(tmp_path / name, "eagle3", kv, {"fc.weight": f32(width, 3 * hidden)})
 
 
 def serialised(tokens: list[str]) -> bytes:
@@ -622,3 +626,26 @@ def test_corrupt_value_type_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="corrupt GGUF header .*unknown value type 99"):
         read_summary(path)
 
+
+# -- one pairing verdict ----------------------------------------------------------------------------
+
+
+def test_eagle3_must_be_as_wide_as_its_target(tmp_path: Path, target: GGUFSummary) -> None:
+    wider = read_summary(eagle3_gguf(tmp_path, [1, 2, 3], width=2 * N_EMBD, name="wide.gguf"))
+
+    (problem,) = check_pair(target, wider).problems
+
+    assert (problem.field, problem.target_value, problem.drafter_value) == ("n_embd", N_EMBD, 2 * N_EMBD)
+    assert "width" in problem.message
+
+
+@pytest.mark.parametrize("n_max", [-5, 65])
+def test_n_max_outside_what_a_session_takes_is_refused(tmp_path: Path, target: GGUFSummary, n_max: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    drafter_path = dflash_gguf(tmp_path)
+
+    (problem,) = check_pair(target, read_summary(drafter_path), n_max=n_max).problems
+    assert (problem.field, problem.drafter_value) == ("n_max", n_max)
+    assert run_inspect(target.path, "--pair", str(drafter_path), "--n-max", str(n_max)) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("NOT OK") and "n_max" in out and "0..64" in out

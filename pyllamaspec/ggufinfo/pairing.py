@@ -3,8 +3,9 @@
 It works on GGUF headers alone (summary.GGUFSummary), so the session API can refuse a bad pair before any
 native allocation, and `inspect --pair` and the converter (which describes the drafter it is about to write
 as a summary) give the same verdict. The rules mirror what the vendored llama.cpp checks or silently assumes
-(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp); each problem names the field, both
-sides' values and what to do.
+(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp, and native/session.cpp's validate());
+each problem names the field, both sides' values and what to do. tests/test_pairing_parity.py holds the
+verdict to what a native session accepts.
 """
 
 from __future__ import annotations
@@ -80,10 +81,11 @@ def check_pair(
     """Judge target + drafter for ``spec_types`` (llama.cpp names).
 
     ``spec_types=None`` detects the type from the drafter as upstream does (nothing without a
-    drafter); an empty sequence or ``["none"]`` means plain decoding. ``n_max``, when given, is
-    checked against what the drafter can produce per step.
+    drafter); an empty sequence or ``["none"]`` means plain decoding. ``n_max``, when given, must be a
+    draft length a session accepts, and is checked against what the drafter can produce per step.
     """
     checker = _PairChecker(target, drafter)
+    checker.check_n_max(n_max)
     if spec_types is None:
         types = detect_spec_types(drafter) if drafter is not None else ()
     else:
@@ -159,6 +161,11 @@ class _PairChecker:
 
     def drafter_is_target(self) -> bool:
         return self.drafter is not None and os.path.realpath(self.drafter.path) == os.path.realpath(self.target.path)
+
+    def check_n_max(self, n_max: int | None) -> None:
+        if n_max is not None and not (isinstance(n_max, int) and 0 <= n_max <= MAX_DRAFT):
+            self.problem("n_max", f"a limit of {MAX_DRAFT}", n_max,
+                         f"the draft length per step must be within 0..{MAX_DRAFT}")
 
     # -- which types, with or without a drafter ------------------------------------------------
 
@@ -267,12 +274,21 @@ class _PairChecker:
             self.roles_problem(f"draft-eagle3 needs an eagle3 GGUF; this drafter is {drafter.arch}: "
                                f"use {detect_spec_types(drafter)[0]}")
             return
-        # EAGLE3 states the target hidden size it was trained on; its own width may differ
-        trained_for = drafter.target_hidden_size or drafter.n_embd
-        if trained_for != self.target.n_embd:
+        # EAGLE3 states the target hidden size it was trained on (its fc reads 3 target layers of that width),
+        # and it embeds tokens with the target's embeddings, so its own width must be the target's as well
+        # (native/session.cpp refuses any other width)
+        target = self.target
+        trained_for = drafter.target_hidden_size
+        if trained_for is not None and trained_for != target.n_embd:
             self.problem(
-                "n_embd", self.target.n_embd, trained_for,
-                "the drafter was trained on another target's hidden states: "
+                "n_embd", target.n_embd, trained_for,
+                "the drafter was trained on another target's hidden states (eagle3.target_hidden_size): "
+                "use the EAGLE3 drafter made for this target",
+            )
+        elif drafter.n_embd != target.n_embd:
+            self.problem(
+                "n_embd", target.n_embd, drafter.n_embd,
+                "an EAGLE3 drafter's width must be its target's (it embeds tokens with the target's embeddings): "
                 "use the EAGLE3 drafter made for this target",
             )
         if len(drafter.target_layers) != EAGLE3_N_TARGET_LAYERS:
