@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS
-from .config import KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
+from .config import INT32_MAX, INT32_MIN, KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
 from .errors import (ConfigError, ContextOverflowError, GenerationError, PairingError, PlacementError,
                      PyllamaspecError)
 from .ggufinfo import read_summary, require_pair
@@ -233,9 +233,11 @@ class SpecSession:
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt)
+        if isinstance(prompt, (bytes, bytearray, memoryview)):  # not token ids: decode text first
+            raise ConfigError("a prompt is a string or a sequence of token ids, not bytes: decode the text first")
         tokens = list(prompt)
-        if not all(isinstance(t, int) for t in tokens):
-            raise ConfigError("a prompt is a string or a sequence of token ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and INT32_MIN <= t <= INT32_MAX for t in tokens):
+            raise ConfigError("a prompt is a string or a sequence of token ids (32-bit ints)")
         return tokens
 
     # -- stats -------------------------------------------------------------------------------

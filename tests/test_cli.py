@@ -104,6 +104,7 @@ def test_bench_passes_the_shared_flags_to_its_sessions_and_models() -> None:
     (["generate", "-p", "a", "-f", "{tmp}/missing.txt"], "prompt file {tmp}/missing.txt does not exist"),
     (["generate", "-f", "{tmp}"], "prompt file {tmp} is a directory"),
     (["generate", "-m", "{tmp}/none.gguf"], "is not a file here"),
+    (["generate", "-m", "{tmp}", "--temp", "nan"], "temp=nan must be a finite number"),
     (["generate", "-n", "many"], "generate: argument -n/--n-predict: invalid int value"),
     (["inspect", "{tmp}/none.gguf"], "no such file"),
     (["convert", "{tmp}", "--target", "{tmp}/t.gguf", "-o", "{tmp}/o.gguf"], "has no config.json"),

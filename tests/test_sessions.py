@@ -295,6 +295,16 @@ def test_score_margins_reproduces_plain_margins_and_measures_batch_shape_noise(d
     assert batched == pytest.approx(ref.margins, abs=0.01)
 
 
+def test_bytes_are_not_a_prompt(dense):
+    target, _, _ = dense
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64)) as s:
+        for prompt in (b"hello", bytearray(b"hello")):
+            with pytest.raises(ConfigError, match="not bytes"):
+                s.generate(prompt, 4)
+        with pytest.raises(ConfigError, match="32-bit ints"):
+            s.generate([1, 2 ** 31], 4)
+
+
 def test_a_directory_or_fifo_is_not_a_model(tmp_path):
     import os
 
