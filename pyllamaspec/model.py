@@ -138,9 +138,18 @@ class Model:
     # -- metadata and tokenizer --------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
-        buf = self._ffi.new("char[]", 4096)
-        n = self._lib.pls_model_meta(self.handle, key.encode(), buf, 4096)
-        return None if n < 0 else self._ffi.string(buf).decode("utf-8", "replace")
+        """A metadata value as text, of any length; None when the key is absent."""
+        size = 4096
+        for _ in range(2):
+            buf = self._ffi.new("char[]", size)
+            # the value's length, -1 when absent, or -(length + 1) when buf cannot hold it and its terminator
+            n = self._lib.pls_model_meta(self.handle, key.encode(), buf, size)
+            if n >= 0:
+                return bytes(self._ffi.buffer(buf, n)).decode("utf-8", "replace")
+            if n == -1:
+                return None
+            size = -n
+        raise ModelLoadError(f"metadata key '{key}' changed size while being read")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")

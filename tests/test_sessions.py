@@ -314,3 +314,20 @@ def test_a_directory_or_fifo_is_not_a_model(tmp_path):
     with pytest.raises(ModelLoadError, match="is a FIFO"):
         Model(tmp_path / "pipe.gguf")  # refused before llama.cpp would open (and block on) it
 
+
+def test_metadata_of_any_length(tmp_path, dense_pair):
+    import gguf
+
+    from ckptfactory import rewrite_gguf
+
+    lengths = (4095, 4096, 4097, 40_000)
+    values = {n: "".join(chr(ord("a") + i % 26) for i in range(n)) for n in lengths}
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{# " + "x" * 9000 + " #}"
+    extra = {f"test.value_{n}": (v, gguf.GGUFValueType.STRING, None) for n, v in values.items()}
+    extra["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, None)
+    path = rewrite_gguf(dense_pair[0], tmp_path / "long-meta.gguf", add_kv=extra)
+    with Model(path) as m:
+        for n, value in values.items():
+            assert m.meta(f"test.value_{n}") == value
+        assert m.chat_template == template  # longer than 4 KiB: read in full, not skipped
+        assert m.meta("test.absent") is None
