@@ -94,8 +94,7 @@ def main(argv=None) -> int:
     upstream = packaged_speculative_simple()
     target_path, drafter_path = Path(args.model), Path(args.model_draft)
     target, drafter = Model(target_path), Model(drafter_path)
-    from pyllamaspec.ggufmeta import read_summary
-    from pyllamaspec.pairing import detect_spec_types
+    from pyllamaspec.ggufinfo import detect_spec_types, read_summary
     spec_name = args.spec_type or detect_spec_types(read_summary(drafter_path))[0]
     record = {"spec_type": spec_name, "target": str(target_path), "drafter": str(drafter_path), "n_predict": args.n_predict,
               "rounds": args.rounds, "cells": [], "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pls {
 
@@ -149,6 +150,41 @@ std::string target_arch(const llama_model * m) {
     return llama_model_meta_val_str(m, "general.architecture", buf, sizeof(buf)) < 0 ? std::string() : std::string(buf);
 }
 
+// A plain draft model must speak the target's tokenizer (common/speculative.cpp's compatibility check,
+// which upstream runs when it builds its draft-simple state; this package drives draft models itself).
+template <typename Fail>
+void check_shared_tokenizer(const llama_model * mt, const llama_model * md, Fail && pairing) {
+    const llama_vocab * vt = llama_model_get_vocab(mt);
+    const llama_vocab * vd = llama_model_get_vocab(md);
+    if (llama_vocab_type(vt) != llama_vocab_type(vd)) {
+        pairing("tokenizer type: target has " + std::to_string(llama_vocab_type(vt)) + ", drafter has " +
+                std::to_string(llama_vocab_type(vd)) + " - pick a drafter of the target's model family");
+    }
+    const struct { const char * name; bool t_add, d_add; llama_token t_id, d_id; } specials[] = {
+        { "BOS", llama_vocab_get_add_bos(vt), llama_vocab_get_add_bos(vd), llama_vocab_bos(vt), llama_vocab_bos(vd) },
+        { "EOS", llama_vocab_get_add_eos(vt), llama_vocab_get_add_eos(vd), llama_vocab_eos(vt), llama_vocab_eos(vd) },
+    };
+    for (const auto & sp : specials) {
+        if (sp.t_add != sp.d_add || (sp.t_add && sp.t_id != sp.d_id)) {
+            pairing(std::string("both models must agree on adding ") + sp.name + " and on its id: pick a drafter "
+                    "of the target's model family");
+        }
+    }
+    const int32_t nv_t = llama_vocab_n_tokens(vt);
+    const int32_t nv_d = llama_vocab_n_tokens(vd);
+    if (std::abs(nv_t - nv_d) > 128) {
+        return;  // reported as a vocabulary size mismatch
+    }
+    constexpr int32_t first_checked = 5;  // the first few ids are special tokens that may differ
+    for (int32_t i = first_checked; i < std::min(nv_t, nv_d); ++i) {
+        if (std::strcmp(llama_vocab_get_text(vt, i), llama_vocab_get_text(vd, i)) != 0) {
+            pairing("tokens " + std::to_string(first_checked) + ".." + std::to_string(std::min(nv_t, nv_d) - 1) +
+                    " differ (first at id " + std::to_string(i) + "): the drafter must share the target's "
+                    "tokenizer; pick a drafter of the same model family");
+        }
+    }
+}
+
 }  // namespace
 
 void validate_params(const pls_session_params & p) {
@@ -281,6 +317,9 @@ void validate_pair(pls_session & s) {
                 pairing("mask token id " + std::to_string(mask) + " is outside the target vocab (" +
                      std::to_string(nv_t) + " tokens)");
             }
+        }
+        if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) && !borrows) {
+            check_shared_tokenizer(mt, md, pairing);
         }
         if (nv_d != nv_t && !(borrows && md->output == nullptr)) {
             if (has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) ? std::abs(nv_d - nv_t) > 128 : true) {

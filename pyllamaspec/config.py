@@ -8,34 +8,85 @@ depends on the loaded models (pairing, placement, ring size) and reports it the 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Any, Sequence
 
+from ._native.header import MAX_DRAFT, MAX_SPEC_TYPES, MAX_STREAMS, SPEC_TYPE_IDS, SPEC_TYPES
 from .errors import ConfigError
 
-# llama.cpp's names, in the order of upstream's enum common_speculative_type
-SPEC_TYPES: tuple[str, ...] = (
-    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-)
+# SPEC_TYPES: llama.cpp's names, in the order of upstream's enum common_speculative_type (from the header)
 SPEC_TYPE_ALIASES = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "mtp": "draft-mtp",
                      "eagle3": "draft-eagle3", "draft": "draft-simple", "dspark": "draft-dspark"}
 DRAFTER_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark"})
-NGRAM_TYPES = frozenset({"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"})
+NGRAM_TYPES = frozenset(name for name in SPEC_TYPES if name.startswith("ngram-"))
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-MAX_DRAFT = 64  # PLS_MAX_DRAFT
-MAX_STREAMS = 64  # PLS_MAX_STREAMS
+
+# The draft ceiling (--spec-draft-n-max) when none is asked for: the API, `generate` and `bench` all use it.
+# With adaptive draft lengths (the default) it is a ceiling the controller chooses under, not a fixed length;
+# DFlash drafters are clamped to their block (7 for a DFlash2 block of 8).
+DEFAULT_N_MAX = 8
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+UINT16_MAX = 2 ** 16 - 1
+UINT32_MAX = 2 ** 32 - 1
+
+
+def _check_int(owner: str, name: str, value: Any, lo: int = INT32_MIN, hi: int = INT32_MAX,
+               hint: str = "") -> None:
+    """An integer (not a bool, not None) within lo..hi: what the native int32/uint32 field can hold."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{owner}.{name}={value!r} must be an integer{hint}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{owner}.{name}={value} must be within {lo}..{hi}{hint}")
+
+
+def _check_float(owner: str, name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
+    """A finite number (NaN and infinities are refused) within lo..hi when given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(f"{owner}.{name}={value!r} must be a finite number")
+    if hi is None and lo is not None and value < lo:
+        raise ConfigError(f"{owner}.{name}={value} must be >= {lo}")
+    if hi is not None and lo is not None and not lo <= value <= hi:
+        raise ConfigError(f"{owner}.{name}={value} must be within {lo}..{hi}")
+
+
+def _check_bool(owner: str, name: str, value: Any, optional: bool = False) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ConfigError(f"{owner}.{name}={value!r} must be {allowed}")
+
+
+def _check_choice(owner: str, name: str, value: Any, choices: Sequence[str]) -> None:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ConfigError(f"{owner}.{name}={value!r}: use one of {', '.join(choices)}")
+
+
+def _string_list(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
+    """None, one string (comma-separated) or a sequence of strings -> a tuple of non-empty strings."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(items, (bytes, bytearray)) or not isinstance(items, Sequence) or \
+            not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"{owner}.{name}={value!r} must be a list of strings")
+    out = tuple(item.strip() for item in items if item.strip())
+    return out or None
 
 
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """'draft-simple,ngram-mod' or a list -> validated llama.cpp names ('none' alone means plain decoding)."""
     if value is None:
         return ()
+    if not isinstance(value, (str, Sequence)) or isinstance(value, (bytes, bytearray)):
+        raise ConfigError(f"speculative types {value!r}: give a comma-separated str or a list of names")
     items = value.split(",") if isinstance(value, str) else list(value)
     out: list[str] = []
     for raw in items:
+        if not isinstance(raw, str):
+            raise ConfigError(f"speculative type {raw!r} is not a name; valid: {', '.join(SPEC_TYPES)}")
         name = raw.strip().lower()
         if not name:
             continue
@@ -48,11 +99,13 @@ def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
         if len(out) > 1:
             raise ConfigError("'none' cannot be combined with other speculative types")
         return ()
+    if len(out) > MAX_SPEC_TYPES:
+        raise ConfigError(f"{len(out)} speculative types: a session combines at most {MAX_SPEC_TYPES}")
     return tuple(out)
 
 
 def spec_type_id(name: str) -> int:
-    return SPEC_TYPES.index(name)
+    return SPEC_TYPE_IDS[name]
 
 
 @dataclass
@@ -70,14 +123,24 @@ class ModelConfig:
     use_mmap: bool = True
 
     def __post_init__(self) -> None:
-        if self.split_mode not in SPLIT_MODES:
-            raise ConfigError(f"split_mode '{self.split_mode}': use one of {', '.join(SPLIT_MODES)}")
-        if self.n_gpu_layers < -1:
-            raise ConfigError(f"n_gpu_layers={self.n_gpu_layers}: use -1 (all) or a count >= 0")
-        if self.n_cpu_moe < 0:
-            raise ConfigError(f"n_cpu_moe={self.n_cpu_moe} must be >= 0")
-        if self.tensor_split is not None and any(x < 0 for x in self.tensor_split):
-            raise ConfigError("tensor_split proportions must be >= 0")
+        owner = "ModelConfig"
+        _check_int(owner, "n_gpu_layers", self.n_gpu_layers, -1, hint=" (-1: all layers, 0: CPU only)")
+        _check_choice(owner, "split_mode", self.split_mode, tuple(SPLIT_MODES))
+        self.split_mode = self.split_mode.lower()
+        _check_int(owner, "main_gpu", self.main_gpu, 0)
+        _check_int(owner, "n_cpu_moe", self.n_cpu_moe, 0)
+        _check_bool(owner, "load_mtp", self.load_mtp, optional=True)
+        _check_bool(owner, "use_mmap", self.use_mmap)
+        self.devices = _string_list(owner, "devices", self.devices)
+        if self.tensor_split is not None:
+            if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
+                raise ConfigError(f"{owner}.tensor_split={self.tensor_split!r} must be a list of proportions")
+            for i, x in enumerate(self.tensor_split):
+                _check_float(owner, f"tensor_split[{i}]", x, 0.0)
+            self.tensor_split = tuple(float(x) for x in self.tensor_split) or None
+        overrides = self.tensor_overrides
+        self.tensor_overrides = _string_list(owner, "tensor_overrides", [overrides] if isinstance(overrides, str)
+                                             else overrides)
         for o in self.tensor_overrides or ():
             if "=" not in o or o.startswith("=") or o.endswith("="):
                 raise ConfigError(f"tensor override '{o}' is not PATTERN=BUFFER_TYPE (e.g. 'exps=CPU')")
@@ -88,7 +151,7 @@ class SessionConfig:
     """A speculative session: what drafts, how much, and how the target samples."""
 
     spec_types: Sequence[str] | str | None = None  # None: detect from the drafter (or plain decoding)
-    n_max: int = 3                  # --spec-draft-n-max (upstream default)
+    n_max: int = DEFAULT_N_MAX      # --spec-draft-n-max
     n_min: int = 0                  # --spec-draft-n-min
     p_min: float = 0.0              # --spec-draft-p-min
     n_ctx: int = 4096
@@ -127,49 +190,65 @@ class SessionConfig:
     synth_seed: int = 1
 
     def __post_init__(self) -> None:
+        owner = "SessionConfig"
         if self.spec_types is not None:
             self.spec_types = parse_spec_types(self.spec_types)
-        checks = [
-            (0 <= self.n_max <= MAX_DRAFT, f"n_max={self.n_max} must be within 0..{MAX_DRAFT}"),
-            (0 <= self.n_min <= max(self.n_max, 0), f"n_min={self.n_min} must be within 0..n_max ({self.n_max})"),
-            (0.0 <= self.p_min <= 1.0, f"p_min={self.p_min} must be within 0..1"),
-            (self.n_ctx >= 8, f"n_ctx={self.n_ctx} is too small"),
-            (self.n_ubatch >= 1, f"n_ubatch={self.n_ubatch} must be >= 1"),
-            (self.n_batch >= self.n_ubatch, f"n_batch={self.n_batch} must be >= n_ubatch={self.n_ubatch}"),
-            (1 <= self.n_parallel <= MAX_STREAMS, f"n_parallel={self.n_parallel} must be within 1..{MAX_STREAMS}"),
-            (self.n_threads >= 0 and self.n_threads_batch >= 0 and self.n_threads_draft >= 0,
-             "thread counts must be >= 0"),
-            (self.n_rs_seq is None or 0 <= self.n_rs_seq <= MAX_DRAFT, f"n_rs_seq={self.n_rs_seq} must be within 0..{MAX_DRAFT}"),
-            (0.0 <= self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0, "top_p and min_p must be within 0..1"),
-            (0 <= self.seed <= 0xFFFFFFFF, f"seed={self.seed} must fit in 32 bits"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(msg)
+        _check_int(owner, "n_max", self.n_max, 0, MAX_DRAFT)
+        _check_int(owner, "n_min", self.n_min, 0, MAX_DRAFT)
+        if self.n_min > self.n_max:
+            raise ConfigError(f"n_min={self.n_min} must be within 0..n_max ({self.n_max})")
+        _check_float(owner, "p_min", self.p_min, 0.0, 1.0)
+        _check_int(owner, "n_ctx", self.n_ctx, 8, hint=" (the context must hold a few tokens)")
+        _check_int(owner, "n_ubatch", self.n_ubatch, 1)
+        _check_int(owner, "n_batch", self.n_batch, 1)
+        if self.n_batch < self.n_ubatch:
+            raise ConfigError(f"n_batch={self.n_batch} must be >= n_ubatch={self.n_ubatch}")
+        _check_int(owner, "n_parallel", self.n_parallel, 1, MAX_STREAMS)
+        for name in ("n_threads", "n_threads_batch", "n_threads_draft"):
+            _check_int(owner, name, getattr(self, name), 0, hint=" (0: llama.cpp's default)")
+        for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
+            _check_choice(owner, name, getattr(self, name), tuple(KV_CACHE_TYPES))
+        _check_bool(owner, "flash_attn", self.flash_attn, optional=True)
+        if self.n_rs_seq is not None:
+            _check_int(owner, "n_rs_seq", self.n_rs_seq, 0, MAX_DRAFT)
+        for name in ("draft_backend_sampling", "margins", "force_reject"):
+            _check_bool(owner, name, getattr(self, name))
+        _check_float(owner, "temp", self.temp)
+        _check_int(owner, "top_k", self.top_k)
+        _check_float(owner, "top_p", self.top_p, 0.0, 1.0)
+        _check_float(owner, "min_p", self.min_p, 0.0, 1.0)
+        _check_int(owner, "seed", self.seed, 0, UINT32_MAX, hint=f" ({UINT32_MAX}: a random seed)")
+        # the n-gram sizes and hit count are 16-bit in upstream's settings
+        for name in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"):
+            _check_int(owner, name, getattr(self, name), 0, UINT16_MAX, hint=" (0: upstream's default)")
+        for name in ("ngram_mod_n_match", "ngram_mod_n_min", "ngram_mod_n_max"):
+            _check_int(owner, name, getattr(self, name), 0, hint=" (0: upstream's default)")
+        _check_bool(owner, "adaptive", self.adaptive)
         if self.draft_schedule is not None:
-            sched = list(self.draft_schedule)
-            if not 1 <= len(sched) <= 16 or any(not isinstance(k, int) or not 0 <= k <= MAX_DRAFT for k in sched):
-                raise ConfigError(f"draft_schedule: 1..16 draft lengths within 0..{MAX_DRAFT}")
+            if isinstance(self.draft_schedule, (str, bytes)) or not isinstance(self.draft_schedule, Sequence):
+                raise ConfigError(f"{owner}.draft_schedule={self.draft_schedule!r} must be a list of draft lengths")
+            if not 1 <= len(self.draft_schedule) <= 16:
+                raise ConfigError(f"{owner}.draft_schedule: 1..16 draft lengths, got {len(self.draft_schedule)}")
+            for i, k in enumerate(self.draft_schedule):
+                _check_int(owner, f"draft_schedule[{i}]", k, 0, MAX_DRAFT)
             if self.adaptive:
                 raise ConfigError("draft_schedule fixes the draft lengths: use it with adaptive=False")
-            self.draft_schedule = tuple(sched)
+            self.draft_schedule = tuple(self.draft_schedule)
         if self.synth_rates is not None:
+            if isinstance(self.synth_rates, (str, bytes)) or not isinstance(self.synth_rates, Sequence) \
+                    or not 1 <= len(self.synth_rates) <= MAX_DRAFT:
+                raise ConfigError(f"{owner}.synth_rates: 1..{MAX_DRAFT} acceptance rates within 0..1")
+            for i, r in enumerate(self.synth_rates):
+                _check_float(owner, f"synth_rates[{i}]", r, 0.0, 1.0)
             rates = [float(r) for r in self.synth_rates]
-            if not rates or len(rates) > MAX_DRAFT or any(not math.isfinite(r) or not 0.0 <= r <= 1.0 for r in rates):
-                raise ConfigError(f"synth_rates: 1..{MAX_DRAFT} acceptance rates within 0..1")
             if any(b > a for a, b in zip(rates, rates[1:])):
                 raise ConfigError("synth_rates must not increase with position (they are unconditional rates)")
             if self.synth_len is not None:
                 raise ConfigError("synthetic acceptance takes synth_rates or synth_len, not both")
             self.synth_rates = tuple(rates)
-        if self.synth_len is not None and (not math.isfinite(self.synth_len) or not 1.0 <= self.synth_len <= self.n_max + 1):
-            raise ConfigError(f"synth_len={self.synth_len}: a mean accepted length within 1..n_max + 1 ({self.n_max + 1})")
-        if not 0 <= self.synth_seed <= 0xFFFFFFFF:
-            raise ConfigError(f"synth_seed={self.synth_seed} must fit in 32 bits")
-
-        for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
-            if getattr(self, name).lower() not in KV_CACHE_TYPES:
-                raise ConfigError(f"{name}='{getattr(self, name)}': use one of {', '.join(KV_CACHE_TYPES)}")
+        if self.synth_len is not None:
+            _check_float(owner, "synth_len", self.synth_len, 1.0, self.n_max + 1.0)
+        _check_int(owner, "synth_seed", self.synth_seed, 0, UINT32_MAX)
         types = self.spec_types or ()
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "

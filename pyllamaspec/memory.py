@@ -14,6 +14,7 @@ from pathlib import Path
 from . import _native
 from .config import ModelConfig, SessionConfig
 from .errors import MemoryBudgetError, ModelLoadError
+from .ggufinfo import check_model_file, detect_spec_types, read_summary
 from .model import native_model_params
 from .session import native_session_params
 
@@ -117,11 +118,12 @@ def estimate_memory(target: str | os.PathLike, drafter: str | os.PathLike | None
                     target_config: ModelConfig | None = None, drafter_config: ModelConfig | None = None,
                     session_config: SessionConfig | None = None) -> MemoryEstimate:
     """Per-device memory of a session of these models, without loading them."""
+    for path in (target, drafter):
+        if path is not None:
+            check_model_file(path)  # a directory or a FIFO: refused before the loader opens (and blocks on) it
     ffi, lib = _native.load()
     session_config = session_config or SessionConfig()
     if session_config.spec_types is None:
-        from .ggufmeta import read_summary
-        from .pairing import detect_spec_types
         types = detect_spec_types(read_summary(drafter)) if drafter is not None else ()
         session_config = session_config.replace(spec_types=types)
     tp, keep_t = native_model_params(ffi, Path(target), target_config or ModelConfig())

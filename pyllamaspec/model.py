@@ -10,6 +10,7 @@ from typing import Sequence
 from . import _native
 from .config import SPLIT_MODES, ModelConfig
 from .errors import ConfigError, ModelLoadError
+from .ggufinfo import check_model_file
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,7 @@ class Model:
             raise ConfigError("pass either a ModelConfig or keyword settings, not both")
         self.config = config or ModelConfig(**overrides)
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"model file '{self.path}' does not exist")
+        check_model_file(self.path)  # missing, a directory or a FIFO: refused before llama.cpp opens it
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
         p, _keep = native_model_params(ffi, self.path, self.config)
@@ -166,10 +166,19 @@ class Model:
     # -- metadata and tokenizer --------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
-        buf = self._ffi.new("char[]", 4096)
-        with self._use() as h:
-            n = self._lib.pls_model_meta(h, key.encode(), buf, 4096)
-        return None if n < 0 else self._ffi.string(buf).decode("utf-8", "replace")
+        """A metadata value as text, of any length; None when the key is absent."""
+        size = 4096
+        for _ in range(2):
+            buf = self._ffi.new("char[]", size)
+            # the value's length, -1 when absent, or -(length + 1) when buf cannot hold it and its terminator
+            with self._use() as h:
+                n = self._lib.pls_model_meta(h, key.encode(), buf, size)
+            if n >= 0:
+                return bytes(self._ffi.buffer(buf, n)).decode("utf-8", "replace")
+            if n == -1:
+                return None
+            size = -n
+        raise ModelLoadError(f"metadata key '{key}' changed size while being read")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         with self._use() as h:

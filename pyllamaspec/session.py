@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _native
-from .config import KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
+from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
+from .config import INT32_MAX, KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
 from .errors import ConfigError, GenerationError, SessionBusyError
-from .ggufmeta import read_summary
+from .ggufinfo import read_summary, require_pair
 from .model import Model, token_bytes, tokenize
-from .pairing import require_pair
 
-FINISH_REASONS = {0: None, 1: "length", 2: "eog", 3: "stopped", 4: "context", 5: "error"}
-ROLLBACK_KINDS = {0: "none", 1: "kv", 2: "ring", 3: "checkpoint"}
-DRAFTER_KINDS = {0: "none", 1: "draft model", 2: "autoregressive", 3: "block", 4: "n-gram"}
+# how the controller prices a draft (PLS_DRAFTER_*)
+DRAFTER_KINDS = {value: name.removeprefix("PLS_DRAFTER_").lower().replace("_", " ").replace("ngram", "n-gram")
+                 .replace("model", "draft model") for name, value in constants().items() if name.startswith("PLS_DRAFTER_")}
 
 
 @dataclass
@@ -329,18 +329,16 @@ class SpecSession:
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt)
-        if isinstance(prompt, (bytes, bytearray, memoryview)):
-            raise ConfigError("a prompt is a str or a sequence of token ids, not bytes: decode it first")
+        if isinstance(prompt, (bytes, bytearray, memoryview)):  # not token ids: decode text first
+            raise ConfigError("a prompt is a string or a sequence of token ids, not bytes: decode the text first")
         try:
             tokens = list(prompt)
         except TypeError:
-            raise ConfigError(f"a prompt is a str or a sequence of token ids, not {type(prompt).__name__}") from None
+            raise ConfigError(f"a prompt is a string or a sequence of token ids, not {type(prompt).__name__}") from None
         if not tokens:
             raise ConfigError("the prompt is empty")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise ConfigError("a prompt is a str or a sequence of token ids (ints)")
-        if any(t < 0 or t >= 2 ** 31 for t in tokens):
-            raise ConfigError("token ids must be within the vocabulary (0 <= id < n_vocab)")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in tokens):
+            raise ConfigError("a prompt is a string or a sequence of token ids (32-bit ints within the vocabulary)")
         return tokens
 
     @staticmethod

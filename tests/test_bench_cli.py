@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from pyllamaspec.bench import cli
+from pyllamaspec.bench import command
+from pyllamaspec.cli import bench as cli
+from pyllamaspec.cli.app import run_command
 from pyllamaspec.bench.backends import RenderedPrompt, RunResult
 from pyllamaspec.bench.lock import lock_path_for, read_holder
 from pyllamaspec.errors import ConfigError
@@ -38,7 +40,7 @@ def test_full_command_line_parses():
     assert (args.model, args.drafters, args.drafter_labels) == ("t.gguf", ["d4.gguf", "d8.gguf"], ["q4", "q8"])
     assert args.spec_type == ["draft-simple", "ngram-mod"] and args.spec_draft_n_max == [4, 8]
     assert args.classes == ["code", "prose"] and args.depth == [0, 4096, 16384]
-    assert (args.repeat, args.n_predict, args.threads, args.n_gpu_layers) == (10, 256, 8, 99)
+    assert (args.repeat, args.n_predict, args.n_threads, args.n_gpu_layers) == (10, 256, 8, 99)
     assert (args.cotenant, args.lock, args.cooling_gate) == ("refuse", "refuse", 70.0)
     assert args.external_speculative_simple == "/opt/llama-speculative-simple"
     assert (args.chat_template, args.reasoning, args.force_mixed_modes) == ([True], [True, False], True)
@@ -61,7 +63,7 @@ def test_invalid_values_are_rejected_by_the_parser(capsys):
 
 
 def names(*argv):
-    return [arm.name for arm in cli.build_arms(parse(*argv))]
+    return [arm.name for arm in command.build_arms(parse(*argv))]
 
 
 def test_every_spec_type_and_n_max_is_an_arm_after_the_plain_arm():
@@ -78,7 +80,7 @@ def test_drafter_types_get_one_arm_per_drafter_and_ngram_types_do_not():
 
 
 def test_breakeven_twins_and_external_arms_point_at_their_base_arm():
-    arms = cli.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--breakeven", "--external-speculative-simple",
+    arms = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--breakeven", "--external-speculative-simple",
                                 "--external-llama-cpp-python"))
     by_name = {arm.name: arm for arm in arms}
     twin = by_name["ngram-mod/forced-reject"]
@@ -88,7 +90,7 @@ def test_breakeven_twins_and_external_arms_point_at_their_base_arm():
 
 
 def test_modes_can_be_set_per_arm():
-    arms = cli.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--reasoning", "off,on"))
+    arms = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--reasoning", "off,on"))
     assert [arm.mode.reasoning for arm in arms] == [False, True]
 
 
@@ -103,22 +105,22 @@ def test_modes_can_be_set_per_arm():
 ])
 def test_bad_arm_specifications_are_refused(argv, message):
     with pytest.raises(ConfigError, match=message):
-        cli.build_arms(parse("-m", "t", *argv))
+        command.build_arms(parse("-m", "t", *argv))
 
 
 def test_errors_exit_2_with_one_line_on_stderr(models, capsys):
-    assert cli.run(parse("-m", str(models["target"]), "--spec-type", "draft-simple")) == 2
+    assert run_command(parse("-m", str(models["target"]), "--spec-type", "draft-simple")) == 2
     error = capsys.readouterr().err
-    assert error.startswith("pyllamaspec bench: error:") and "needs a drafter" in error
+    assert error.startswith("pyllamaspec: error:") and "needs a drafter" in error
     assert error.count("\n") == 1
 
 
 def test_missing_target_and_mixed_modes_exit_2(models, capsys):
-    assert cli.run(parse("--spec-type", "ngram-mod")) == 2
+    assert run_command(parse("--spec-type", "ngram-mod")) == 2
     assert "-m GGUF" in capsys.readouterr().err
-    assert cli.run(parse("-m", str(models["target"]) + ".missing")) == 2
+    assert run_command(parse("-m", str(models["target"]) + ".missing")) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert cli.run(parse("-m", str(models["target"]), "--spec-type", "ngram-mod", "--chat-template", "on,off")) == 2
+    assert run_command(parse("-m", str(models["target"]), "--spec-type", "ngram-mod", "--chat-template", "on,off")) == 2
     assert "--force-mixed-modes" in capsys.readouterr().err
 
 
@@ -129,21 +131,21 @@ def test_from_json_renders_markdown_and_plots_without_a_model(tmp_path, capsys):
               "min_tps": 10.0, "max_tps": 11.0, "spread_pct": 9.5, "contaminated": False}
     recorded.write_text(json.dumps({"records": [record]}))
     markdown, plots = tmp_path / "out.md", tmp_path / "plots"
-    assert cli.run(parse("--from-json", str(recorded), "--md", str(markdown), "--plots", str(plots))) == 0
+    assert run_command(parse("--from-json", str(recorded), "--md", str(markdown), "--plots", str(plots))) == 0
     assert "| code | 0 | plain |" in markdown.read_text()
     assert (plots / "throughput.png").stat().st_size > 0
-    assert cli.run(parse("--from-json", str(recorded))) == 0
+    assert run_command(parse("--from-json", str(recorded))) == 0
     assert "| code | 0 | plain |" in capsys.readouterr().out
-    assert cli.run(parse("--from-json", str(tmp_path / "nothing.json"))) == 2
+    assert run_command(parse("--from-json", str(tmp_path / "nothing.json"))) == 2
 
 
 def test_lock_devices_follow_the_build_and_the_offload():
     info = {"devices": [{"name": "CUDA0", "type": "gpu"}, {"name": "CUDA1", "type": "gpu"},
                         {"name": "BLAS", "type": "accel"}, {"name": "CPU", "type": "cpu"}]}
-    assert cli.lock_devices(info, -1) == ["CUDA0", "CUDA1"]
-    assert cli.lock_devices(info, 0) == ["cpu"]
-    assert cli.lock_devices({"devices": [{"name": "Vulkan0", "type": "igpu"}]}, 99) == ["Vulkan0"]
-    assert cli.lock_devices({"devices": [{"name": "CPU", "type": "cpu"}]}, -1) == ["cpu"]
+    assert command.lock_devices(info, -1) == ["CUDA0", "CUDA1"]
+    assert command.lock_devices(info, 0) == ["cpu"]
+    assert command.lock_devices({"devices": [{"name": "Vulkan0", "type": "igpu"}]}, 99) == ["Vulkan0"]
+    assert command.lock_devices({"devices": [{"name": "CPU", "type": "cpu"}]}, -1) == ["cpu"]
 
 
 class FakeSessionBackend:
@@ -203,11 +205,11 @@ class NoGpu:
 def test_measurement_end_to_end_with_a_fake_session(models, tmp_path, monkeypatch):
     monkeypatch.setenv("PYLLAMASPEC_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "PyllamaspecBackend", FakeSessionBackend)
-    monkeypatch.setattr(cli, "CotenantDetector", QuietDetector)
-    monkeypatch.setattr(cli, "GpuTelemetry", NoGpu)
+    monkeypatch.setattr(command, "PyllamaspecBackend", FakeSessionBackend)
+    monkeypatch.setattr(command, "CotenantDetector", QuietDetector)
+    monkeypatch.setattr(command, "GpuTelemetry", NoGpu)
     output = tmp_path / "bench.json"
-    status = cli.run(parse("-m", str(models["target"]), "-md", str(models["draft-q4"]), "--spec-type",
+    status = run_command(parse("-m", str(models["target"]), "-md", str(models["draft-q4"]), "--spec-type",
                            "draft-simple", "--classes", "code", "--depth", "0,32", "--repeat", "2", "--n-predict",
                            "8", "-ngl", "0", "--json", str(output), "--md", str(tmp_path / "bench.md")))
     assert status == 0

@@ -26,9 +26,12 @@ from ckptfactory import (  # noqa: E402
     write_target_gguf,
 )
 
-from pyllamaspec import convert as cv  # noqa: E402
+from pyllamaspec.cli import convert as convert_cmd  # noqa: E402
+from pyllamaspec.cli.app import run_command  # noqa: E402
+from pyllamaspec.tools import convert as cv  # noqa: E402
+from pyllamaspec.tools.convert import plan as cv_plan  # noqa: E402
 from pyllamaspec.errors import ConversionError, PairingError  # noqa: E402
-from pyllamaspec.ggufmeta import read_summary  # noqa: E402
+from pyllamaspec.ggufinfo import read_summary  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -689,7 +692,7 @@ def test_output_directory_must_exist(tmp_path: Path, target: Path) -> None:
 def test_failure_while_writing_leaves_nothing(tmp_path: Path, target: Path, outdir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt")
-    real = cv._encode
+    real = cv_plan.encode
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -698,7 +701,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path, target: Path, outd
             raise OSError(28, "No space left on device")
         return real(*a, **k)
 
-    monkeypatch.setattr(cv, "_encode", flaky)
+    monkeypatch.setattr(cv_plan, "encode", flaky)
     with pytest.raises(OSError):
         cv.convert_dflash(ckpt, target, outdir / "x.gguf")
     assert calls["n"] == 5
@@ -714,7 +717,7 @@ def test_failure_while_writing_keeps_old_output(tmp_path: Path, target: Path, ou
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cv, "_encode", boom)
+    monkeypatch.setattr(cv_plan, "encode", boom)
     with pytest.raises(RuntimeError):
         cv.convert_dflash(ckpt, target, out, force=True)
     assert listing(outdir) == ["drafter.gguf"]
@@ -754,27 +757,27 @@ def test_provenance_from_hf_cache_path_and_flags(tmp_path: Path, target: Path, o
 
 def _ns(ckpt: Path, target: Path, out: Path, **kw) -> argparse.Namespace:
     d = dict(drafter_dir=str(ckpt), target=str(target), out=str(out), outtype="bf16", force=False,
-             source_repo=None, source_revision=None, quiet=False)
+             source_repo=None, source_revision=None, quiet=False, func=convert_cmd.run)
     d.update(kw)
     return argparse.Namespace(**d)
 
 
 def test_cli_run_success_and_failure(tmp_path: Path, target: Path, outdir: Path, capsys: pytest.CaptureFixture) -> None:
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt")
-    assert cv.run(_ns(ckpt, target, outdir / "d.gguf")) == 0
+    assert run_command(_ns(ckpt, target, outdir / "d.gguf")) == 0
     assert (outdir / "d.gguf").is_file()
     assert "d.gguf" in capsys.readouterr().out
 
     bad = write_dflash_checkpoint(tmp_path / "bad", hidden=128, intermediate=256)
-    assert cv.run(_ns(bad, target, outdir / "e.gguf")) == 2
+    assert run_command(_ns(bad, target, outdir / "e.gguf")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "error" in err and "hidden_size" in err
+    assert err.startswith("pyllamaspec: error: ") and "hidden_size" in err
     assert listing(outdir) == ["d.gguf"]
 
     # existing output without --force: exit 2, file untouched
     before = (outdir / "d.gguf").read_bytes()
-    assert cv.run(_ns(ckpt, target, outdir / "d.gguf")) == 2
+    assert run_command(_ns(ckpt, target, outdir / "d.gguf")) == 2
     assert "--force" in capsys.readouterr().err
     assert (outdir / "d.gguf").read_bytes() == before
 
@@ -782,11 +785,11 @@ def test_cli_run_success_and_failure(tmp_path: Path, target: Path, outdir: Path,
 def test_cli_register_subparser(tmp_path: Path, target: Path, outdir: Path) -> None:
     parser = argparse.ArgumentParser(prog="pyllamaspec")
     sub = parser.add_subparsers(dest="command", required=True)
-    cv.register(sub)
+    convert_cmd.register(sub)
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt", version=2)
     args = parser.parse_args(["convert", str(ckpt), "--target", str(target), "-o", str(outdir / "d.gguf"),
                               "--outtype", "q8_0", "--source-repo", "z-lab/X", "-q"])
-    assert args.func is cv.run
+    assert args.func is convert_cmd.run
     assert args.func(args) == 0
     kv = Out(outdir / "d.gguf").kv
     assert kv["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q8_0
@@ -799,12 +802,13 @@ def test_cli_module_entry_point_subprocess(tmp_path: Path, target: Path, outdir:
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt", mask_token_id=999)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(
-        [sys.executable, "-m", "pyllamaspec.convert", str(ckpt), "--target", str(target), "-o", str(outdir / "d.gguf")],
+        [sys.executable, "-m", "pyllamaspec.cli", "convert", str(ckpt), "--target", str(target), "-o",
+         str(outdir / "d.gguf")],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
-    assert "mask_token_id 999" in p.stderr
+    assert p.stderr.startswith("pyllamaspec: error: ") and "mask_token_id 999" in p.stderr
     assert listing(outdir) == []
 
 
@@ -833,3 +837,18 @@ def test_factory_target_has_byte_level_vocab(tmp_path: Path) -> None:
     s = read_summary(write_target_gguf(tmp_path / "t.gguf", vocab=300))
     assert (s.arch, s.n_vocab, s.n_embd, s.n_layer, s.tokenizer_model) == ("qwen3", 300, 64, 4, "gpt2")
     assert s.has_output_head and s.role == "target"
+
+
+def test_target_arch_without_layer_inputs_is_refused(tmp_path: Path, outdir: Path) -> None:
+    # the pairing verdict's table of archs that hand over layer inputs: qwen2 graphs do not
+    tgt = write_target_gguf(tmp_path / "q2.gguf", arch="qwen2")
+    ckpt = write_dflash_checkpoint(tmp_path / "ckpt")
+    expect_failure(PairingError, lambda: cv.convert_dflash(ckpt, tgt, outdir / "x.gguf"),
+                   "qwen2", "does not hand over layer inputs", outdir=outdir)
+
+
+def test_every_pairing_problem_is_named_at_once(tmp_path: Path, target: Path, outdir: Path) -> None:
+    ckpt = write_dflash_checkpoint(tmp_path / "ckpt", vocab=300, mask_token_id=299, target_layer_ids=[0, 7])
+    msg = expect_failure(PairingError, lambda: cv.convert_dflash(ckpt, target, outdir / "x.gguf"),
+                         "vocab_size", "target_layer_ids[1] = 7", "mask_token_id 299", outdir=outdir)
+    assert "\n" not in msg

@@ -9,7 +9,8 @@ import gguf
 import pytest
 
 from ckptfactory import write_dflash_checkpoint, write_target_gguf, write_target_hf_dir
-from pyllamaspec import convert as cv
+from pyllamaspec.tools import convert as cv
+from pyllamaspec.tools.convert.target import read_target
 from pyllamaspec.errors import ConversionError, PairingError
 
 
@@ -58,7 +59,7 @@ def test_hf_directory_target_pairing_is_checked(tmp_path):
 
 def test_qwen35_text_config_mrope_and_mtp_layers(tmp_path):
     hf = write_target_hf_dir(tmp_path / "q35", model_type="qwen3_5_text", mtp_layers=1, mrope=True, text_config=True)
-    t = cv._read_target(hf)
+    t = read_target(hf)
     assert (t.arch, t.n_embd, t.n_layer, t.block_count, t.uses_mrope) == ("qwen35", 64, 4, 5, True)
     out = cv.convert_dflash(write_dflash_checkpoint(tmp_path / "ckpt"), hf, tmp_path / "d.gguf")
     r = gguf.GGUFReader(out)
@@ -124,3 +125,10 @@ def test_drafter_converted_against_a_directory_runs_exactly(tmp_path, dense_pair
             r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
     assert r.stats.n_drafted > 0
+
+
+def test_hf_directory_of_an_arch_without_layer_inputs_is_refused(tmp_path):
+    hf = write_target_hf_dir(tmp_path / "qwen2", model_type="qwen2")
+    with pytest.raises(PairingError, match="qwen2 target does not hand over layer inputs"):
+        cv.convert_dflash(write_dflash_checkpoint(tmp_path / "ckpt"), hf, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()

@@ -1,4 +1,5 @@
-"""pyllamaspec.download against the real huggingface_hub client and a local hub (tests/hfserver.py)."""
+"""pyllamaspec.tools.download, `pyllamaspec download` and hub model arguments, against the real huggingface_hub
+client and a local hub (tests/hfserver.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 from huggingface_hub import constants as hub_constants
 
 from hfserver import COMMIT, FakeHub, HubFile
-from pyllamaspec import download as dl
+from pyllamaspec.cli import download as download_cmd
+from pyllamaspec.cli.app import run_command
+from pyllamaspec.tools import download as dl
 from pyllamaspec.errors import DownloadError
 
 REPO = "org/model"
@@ -206,7 +209,7 @@ def test_a_name_that_is_neither_repo_nor_alias_is_refused() -> None:
 
 def _cli(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="pyllamaspec")
-    dl.register(parser.add_subparsers(dest="command"))
+    download_cmd.register(parser.add_subparsers(dest="command"))
     return parser.parse_args(["download", *argv])
 
 
@@ -224,10 +227,10 @@ def test_cli_prints_the_paths_as_json(session: HubSession, capsys: pytest.Captur
 def test_cli_reports_errors_on_stderr_with_status_2(session: HubSession, capsys: pytest.CaptureFixture[str]) -> None:
     args = _cli("org/missing", "x.gguf")
 
-    assert args.func(args) == 2
+    assert run_command(args) == 2
 
     captured = capsys.readouterr()
-    assert captured.err.startswith("error: repository org/missing was not found")
+    assert captured.err.startswith("pyllamaspec: error: repository org/missing was not found")
     assert "Traceback" not in captured.err
     assert captured.out == ""
 
@@ -240,3 +243,41 @@ def test_cli_lists_aliases(capsys: pytest.CaptureFixture[str]) -> None:
     listed = json.loads(capsys.readouterr().out)
     assert listed["qwen3.8-27b-dflash2"]["repo"] == "z-lab/Qwen3.8-27B-DFlash2"
     assert listed["qwen3.8-27b-dflash2"]["revision"] == "50307d4c4cde6860d4eee73e2547cd786fe8e8a4"
+
+
+# -- model arguments (-m / -md) that name a hub file ------------------------------------------------------
+
+
+def test_model_argument_owner_repo_colon_file(session: HubSession, tmp_path: Path) -> None:
+    from pyllamaspec.tools import pypi_models
+
+    content = payload(4_000)
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(content), "model-Q4_0.gguf": HubFile(b"four")}
+
+    path = pypi_models.resolve(f"{REPO}:{GGUF_NAME}")
+
+    assert path.name == GGUF_NAME and path.read_bytes() == content
+    with pytest.raises(DownloadError, match=f"matched 2 GGUF files .*name one as {REPO}:FILE.gguf"):
+        pypi_models.resolve(REPO)
+    with pytest.raises(DownloadError, match="names no file after the colon"):
+        pypi_models.resolve(f"{REPO}:")
+    session.hub.repos["org/single"] = {"only.gguf": HubFile(b"one")}
+    assert pypi_models.resolve("org/single").read_bytes() == b"one"
+
+
+def test_model_argument_of_an_uncached_hub_file_offline(session: HubSession) -> None:
+    from pyllamaspec.tools import pypi_models
+
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(b"data")}
+    session.set_offline()
+
+    with pytest.raises(DownloadError, match="not in the local cache"):
+        pypi_models.resolve(f"{REPO}:{GGUF_NAME}")
+    assert session.hub.log == []
+
+
+def test_model_argument_that_is_nothing_known(tmp_path: Path) -> None:
+    from pyllamaspec.tools import pypi_models
+
+    with pytest.raises(DownloadError, match="not a file here.*owner/repo:FILE.gguf"):
+        pypi_models.resolve(str(tmp_path / "missing" / "model.gguf"))

@@ -1,12 +1,15 @@
-"""ggufmeta (header summaries), pairing (target + drafter rules) and the inspect command, on tiny GGUFs
-written here with gguf.GGUFWriter."""
+"""ggufinfo (the GGUF reader and header summaries), pairing (target + drafter rules) and the inspect command,
+on tiny GGUFs written here with gguf.GGUFWriter."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,11 @@ import gguf
 import numpy as np
 import pytest
 
-from pyllamaspec import inspect_cmd
+from pyllamaspec.cli import inspect as inspect_cmd
+from pyllamaspec.cli.app import run_command
 from pyllamaspec.errors import ModelLoadError, PairingError
-from pyllamaspec.ggufmeta import GGUFSummary, read_summary, token_fingerprint
-from pyllamaspec.pairing import check_pair, detect_spec_types, require_pair
+from pyllamaspec.ggufinfo import GGUFSummary, open_gguf, read_summary, token_fingerprint, tokenizer_kv
+from pyllamaspec.ggufinfo import check_pair, detect_spec_types, require_pair
 
 N_EMBD = 64
 N_VOCAB = 300
@@ -100,10 +104,14 @@ def dflash_gguf(tmp_path: Path, name: str = "dflash.gguf", *, with_tokens: bool 
     return write_gguf(tmp_path / name, "dflash", kv, all_tensors, TOKENS if with_tokens else None)
 
 
-def eagle3_gguf(tmp_path: Path, target_layers: list[int], hidden: int = N_EMBD) -> Path:
-    kv = {"eagle3.block_count": 1, "eagle3.embedding_length": 32, "eagle3.target_hidden_size": hidden,
+def eagle3_gguf(tmp_path: Path, target_layers: list[int], hidden: int = N_EMBD, width: int | None = None,
+                name: str = "eagle3.gguf") -> Path:
+    """An EAGLE3 drafter trained on a target of ``hidden`` (target_hidden_size), ``width`` wide itself
+    (embedding_length; default: the same)."""
+    width = hidden if width is None else width
+    kv = {"eagle3.block_count": 1, "eagle3.embedding_length": width, "eagle3.target_hidden_size": hidden,
           "eagle3.target_layers": target_layers}
-    return write_gguf(tmp_path / "eagle3.gguf", "eagle3", kv, {"fc.weight": f32(32, 3 * hidden)})
+    return write_gguf(tmp_path / name, "eagle3", kv, {"fc.weight": f32(width, 3 * hidden)})
 
 
 def serialised(tokens: list[str]) -> bytes:
@@ -483,8 +491,7 @@ def test_require_pair_raises_listing_every_problem(tmp_path: Path, target: GGUFS
 def run_inspect(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="pyllamaspec")
     inspect_cmd.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["inspect", *argv])
-    return args.func(args)
+    return run_command(parser.parse_args(["inspect", *argv]))
 
 
 def test_inspect_prints_an_aligned_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -531,5 +538,114 @@ def test_inspect_reports_errors_on_stderr_with_status_2(tmp_path: Path, capsys: 
     assert run_inspect(str(tmp_path / "junk.gguf")) == 2
 
     captured = capsys.readouterr()
-    assert captured.err.startswith("error: ") and "not a GGUF file" in captured.err
+    assert captured.err.startswith("pyllamaspec: error: ") and "not a GGUF file" in captured.err
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+# -- the one reader: gguf.GGUFReader underneath ------------------------------------------------------
+
+
+def test_long_arrays_read_as_gguf_reader_reads_them(tmp_path: Path) -> None:
+    # longer than the reader keeps decoded: tokens, types and scores stay spans until asked for
+    tokens = [f"t{i}\u00e9" for i in range(5000)]
+    path = write_gguf(tmp_path / "big.gguf", "qwen3", {"qwen3.block_count": 2, "qwen3.embedding_length": N_EMBD,
+                                                      "qwen3.target_layers": list(range(5000))},
+                      {"token_embd.weight": f32(8, N_EMBD)}, tokens)
+    reference = gguf.GGUFReader(path)
+    ours = open_gguf(path)
+
+    for key, field in reference.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        is_array = field.types[0] == gguf.GGUFValueType.ARRAY
+        assert (ours.array(key) if is_array else ours.values[key]) == field.contents(), key
+    assert ours.array_lengths["tokenizer.ggml.tokens"] == 5000
+    assert "tokenizer.ggml.tokens" not in ours.values  # not decoded until asked for
+    assert ours.token_fingerprint() == hashlib.sha256(serialised(tokens)).hexdigest()
+    assert ours.token_fingerprint(5, 4000) == hashlib.sha256(serialised(tokens[5:4000])).hexdigest()
+    assert read_summary(path).n_vocab == 5000
+    assert [t.name for t in ours.tensor_views()] == [t.name for t in reference.tensors]
+
+
+def test_tokenizer_kv_copies_exactly(tmp_path: Path) -> None:
+    source = target_gguf(tmp_path, tokens=TOKENS + ["\u00fcber"], **{"tokenizer.ggml.mask_token_id": 5})
+    kv = tokenizer_kv(source, leave_out=("tokenizer.ggml.mask_token_id",))
+    writer = gguf.GGUFWriter(str(tmp_path / "copy.gguf"), "qwen3")
+    for key, value, vtype, sub in kv:
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    copy = read_summary(tmp_path / "copy.gguf")
+    original = read_summary(source)
+    assert copy.vocab_fingerprint == original.vocab_fingerprint
+    assert (copy.tokenizer_model, copy.bos_token_id, copy.mask_token_id) == ("gpt2", 1, None)
+    assert "tokenizer.ggml.mask_token_id" not in {key for key, *_ in kv}
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    # in a child, so that a reader that opened the FIFO would hang there, not here
+    code = ("from pyllamaspec.ggufinfo import read_summary\n"
+            "from pyllamaspec.errors import ModelLoadError\n"
+            f"try:\n    read_summary({str(fifo)!r})\nexcept ModelLoadError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "is a FIFO, not a regular file" in p.stdout
+
+
+def test_inspect_refuses_a_tensor_type_the_gguf_package_does_not_know(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = target_gguf(tmp_path)
+    data = bytearray(path.read_bytes())
+    name = b"output.weight"
+    type_at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4 + 2 * 8
+    struct.pack_into("<I", data, type_at, 250)
+    path.write_bytes(bytes(data))
+
+    assert read_summary(path).unknown_tensor_types == {"output.weight": "TYPE_250"}
+    assert run_inspect(str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyllamaspec: error: ") and "output.weight (TYPE_250)" in err and "pip install -U gguf" in err
+    with pytest.raises(ModelLoadError, match="output.weight"):
+        open_gguf(path).tensor_views()
+
+
+def test_corrupt_value_type_is_named(tmp_path: Path) -> None:
+    path = target_gguf(tmp_path)
+    data = bytearray(path.read_bytes())
+    key = b"general.name"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    struct.pack_into("<I", data, at, 99)
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(ModelLoadError, match="corrupt GGUF header .*unknown value type 99"):
+        read_summary(path)
+
+
+# -- one pairing verdict ----------------------------------------------------------------------------
+
+
+def test_eagle3_must_be_as_wide_as_its_target(tmp_path: Path, target: GGUFSummary) -> None:
+    wider = read_summary(eagle3_gguf(tmp_path, [1, 2, 3], width=2 * N_EMBD, name="wide.gguf"))
+
+    (problem,) = check_pair(target, wider).problems
+
+    assert (problem.field, problem.target_value, problem.drafter_value) == ("n_embd", N_EMBD, 2 * N_EMBD)
+    assert "width" in problem.message
+
+
+@pytest.mark.parametrize("n_max", [-5, 65])
+def test_n_max_outside_what_a_session_takes_is_refused(tmp_path: Path, target: GGUFSummary, n_max: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    drafter_path = dflash_gguf(tmp_path)
+
+    (problem,) = check_pair(target, read_summary(drafter_path), n_max=n_max).problems
+    assert (problem.field, problem.drafter_value) == ("n_max", n_max)
+    assert run_inspect(target.path, "--pair", str(drafter_path), "--n-max", str(n_max)) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("NOT OK") and "n_max" in out and "0..64" in out

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyllamaspec import SessionConfig, synth
+from pyllamaspec import SessionConfig
+from pyllamaspec.tools import synth
 from pyllamaspec.errors import MemoryBudgetError
 from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory, max_parallel
 
@@ -72,3 +73,21 @@ def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
     with pytest.raises(MemoryBudgetError):
         estimate_memory(target, session_config=cfg.replace(n_parallel=n + 1)).check(host_available=room)
     assert max_parallel(target, session_config=cfg, host_available=one.context) == 0  # not even one
+
+
+def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):
+    target, _ = dense_pair
+    # a micro-batch too small for a 16-deep ring is fine on a target without recurrent state, as in a session
+    e = estimate_memory(target, session_config=SessionConfig(spec_types="ngram-mod", n_max=7, n_rs_seq=16,
+                                                             n_ubatch=8, n_batch=8, n_ctx=256))
+    assert total_need(e).context > 0
+
+
+def test_estimate_refuses_a_fifo_before_the_loader_opens_it(tmp_path):
+    import os
+
+    from pyllamaspec.errors import ModelLoadError
+
+    os.mkfifo(tmp_path / "target.gguf")
+    with pytest.raises(ModelLoadError, match="is a FIFO"):
+        estimate_memory(tmp_path / "target.gguf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession
-from pyllamaspec.convert import convert_dflash
+from pyllamaspec.tools.convert import convert_dflash
 from pyllamaspec.errors import PairingError
 
 from ckptfactory import write_dflash_checkpoint
@@ -99,7 +99,7 @@ def test_dflash_with_wrong_hidden_size_is_refused(tmp_path_factory, dense_pair):
     target_path, _ = dense_pair
     # a drafter trained for a 128-wide target, converted against a matching one, then used with a 64-wide one
     other = tmp_path_factory.mktemp("wide")
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     wide_target = synth.write_target(other / "wide.gguf", synth.TargetShape(arch="qwen3", n_embd=128), seed=4)
     drafter = make_dflash(tmp_path_factory, wide_target, 128, (0,), version=1, block_size=16)
     with Model(target_path) as target, Model(drafter) as d:
@@ -142,7 +142,7 @@ def test_mtp_with_varying_lengths_is_exact(mtp_target, mode):
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 @pytest.mark.parametrize("n_max", [1, 3, 7, 15])
 def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     fixture, n_embd, _ = TARGETS[kind]
     target_path, _ = request.getfixturevalue(fixture)
     n_layer = 2 if kind == "dense" else 4
@@ -164,7 +164,7 @@ def test_eagle3_is_exact(request, tmp_path_factory, kind, n_max):
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_eagle3_with_adaptive_and_scheduled_lengths_is_exact(request, tmp_path_factory, kind):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     fixture, n_embd, _ = TARGETS[kind]
     target_path, _ = request.getfixturevalue(fixture)
     layers = (1, 1, 2) if kind == "dense" else (1, 2, 4)
@@ -183,7 +183,7 @@ def test_eagle3_with_adaptive_and_scheduled_lengths_is_exact(request, tmp_path_f
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def dspark_setup(request, tmp_path_factory):
-    from pyllamaspec import synth
+    from pyllamaspec.tools import synth
     fixture, n_embd, ids = TARGETS[request.param]
     target_path, _ = request.getfixturevalue(fixture)
     base = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=1, block_size=8)
@@ -198,7 +198,7 @@ def dspark_setup(request, tmp_path_factory):
 @pytest.mark.parametrize("n_max", [1, 3, 7, 15])
 def test_dspark_is_exact_and_predicts_the_anchor_slot(dspark_setup, n_max):
     kind, target, dspark, _, _, ref = dspark_setup
-    from pyllamaspec.ggufmeta import read_summary
+    from pyllamaspec.ggufinfo import read_summary
     assert read_summary(dspark.path).role == "dspark" and dspark.info.dflash_block_size == 8
     with SpecSession(target, dspark, SessionConfig(adaptive=False, n_max=n_max, n_ctx=512)) as s:
         assert s.info.spec_types == ("draft-dspark",)  # detected from the Markov head

@@ -6,11 +6,12 @@ import subprocess
 
 import pytest
 
-from pyllamaspec import Model, SessionConfig, SpecSession, synth
-from pyllamaspec.convert import convert_dflash
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.tools import synth
+from pyllamaspec.tools.convert import convert_dflash
 from pyllamaspec.errors import QuantizeError
-from pyllamaspec.ggufmeta import read_summary
-from pyllamaspec.quantize_cmd import quantize
+from pyllamaspec.ggufinfo import read_summary
+from pyllamaspec.tools.quantize import quantize
 
 from ckptfactory import write_dflash_checkpoint
 

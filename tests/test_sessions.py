@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from pyllamaspec import Model, SessionConfig, SpecSession, synth
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.tools import synth
 from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadError, PairingError,
                                 PlacementError, PyllamaspecError)
 
@@ -358,3 +359,41 @@ def test_score_margins_reproduces_plain_margins_and_measures_batch_shape_noise(d
     assert single == ref.margins  # plain decoding's batch shapes: the same numbers
     # close to plain (CPU ~1e-5, CUDA ~1e-3 on this model), aligned to the same positions
     assert batched == pytest.approx(ref.margins, abs=0.01)
+
+
+def test_bytes_are_not_a_prompt(dense):
+    target, _, _ = dense
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64)) as s:
+        for prompt in (b"hello", bytearray(b"hello")):
+            with pytest.raises(ConfigError, match="not bytes"):
+                s.generate(prompt, 4)
+        with pytest.raises(ConfigError, match="32-bit ints"):
+            s.generate([1, 2 ** 31], 4)
+
+
+def test_a_directory_or_fifo_is_not_a_model(tmp_path):
+    import os
+
+    with pytest.raises(ModelLoadError, match="is a directory"):
+        Model(tmp_path)
+    os.mkfifo(tmp_path / "pipe.gguf")
+    with pytest.raises(ModelLoadError, match="is a FIFO"):
+        Model(tmp_path / "pipe.gguf")  # refused before llama.cpp would open (and block on) it
+
+
+def test_metadata_of_any_length(tmp_path, dense_pair):
+    import gguf
+
+    from ckptfactory import rewrite_gguf
+
+    lengths = (4095, 4096, 4097, 40_000)
+    values = {n: "".join(chr(ord("a") + i % 26) for i in range(n)) for n in lengths}
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{# " + "x" * 9000 + " #}"
+    extra = {f"test.value_{n}": (v, gguf.GGUFValueType.STRING, None) for n, v in values.items()}
+    extra["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, None)
+    path = rewrite_gguf(dense_pair[0], tmp_path / "long-meta.gguf", add_kv=extra)
+    with Model(path) as m:
+        for n, value in values.items():
+            assert m.meta(f"test.value_{n}") == value
+        assert m.chat_template == template  # longer than 4 KiB: read in full, not skipped
+        assert m.meta("test.absent") is None

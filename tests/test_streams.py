@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from pyllamaspec import Model, SessionConfig, SpecSession, synth
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.tools import synth
 from pyllamaspec.cli import main as cli_main
 from pyllamaspec.errors import ConfigError, ContextOverflowError
 

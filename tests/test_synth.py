@@ -12,10 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from pyllamaspec import Model, SessionConfig, SpecSession, synth
+from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.tools import synth
 from pyllamaspec.errors import ConfigError
-from pyllamaspec.ggufmeta import read_summary
-from pyllamaspec.quantize_cmd import quantize
+from pyllamaspec.ggufinfo import read_summary
+from pyllamaspec.tools.quantize import quantize
 
 from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
 
@@ -221,7 +222,7 @@ def test_bad_shapes_are_refused(tmp_path):
 
 
 def test_every_flag_has_help():
-    from pyllamaspec.cli import build_parser
+    from pyllamaspec.cli.app import build_parser
 
     ap = build_parser()
     sub = next(a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction").choices["synth"]

@@ -90,9 +90,9 @@ def test_excluded_rocm_sonames_match_the_runtime_check_and_the_readme():
     excludes = shlex.split(shell_var(SHARED, "ROCM_EXCLUDES"))
     needed = shell_var(SHARED, "ROCM_NEEDED").split()
     system = set(shell_var(SHARED, "SYSTEM_NEEDED_ALLOWED").split())
-    native = (ROOT / "pyllamaspec" / "_native.py").read_text()
+    native = (ROOT / "pyllamaspec" / "_native" / "loader.py").read_text()
     m = re.search(r"ROCM_LIBS = \(([^)]*)\)", native)
-    assert m, "pyllamaspec/_native.py has no ROCM_LIBS"
+    assert m, "pyllamaspec/_native/loader.py has no ROCM_LIBS"
     runtime = re.findall(r'"([^"]+)"', m.group(1))
     # what _native checks at import == the ROCm sonames the wheel links == the first excludes
     assert runtime == excludes[:len(runtime)]

@@ -101,12 +101,23 @@ class PyllamaspecBackend:
         n_threads: int | None = None,
         seed: int = 0,
         api: Any = None,
+        target_options: Mapping[str, Any] | None = None,
+        drafter_options: Mapping[str, Any] | None = None,
+        session_options: Mapping[str, Any] | None = None,
+        speculative_options: Mapping[str, Any] | None = None,
     ):
+        """target_options / drafter_options: ModelConfig fields (the drafter takes n_gpu_layers unless its
+        options set it); session_options: SessionConfig fields of every arm's session; speculative_options:
+        those of the speculative arms only (draft length floor, n-gram settings)."""
         self.target_path = Path(target_path)
         self.drafter_paths = {label: Path(path) for label, path in (drafter_paths or {}).items()}
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads
         self.seed = seed
+        self.target_options = {k: v for k, v in (target_options or {}).items() if k != "n_gpu_layers"}
+        self.drafter_options = {"n_gpu_layers": n_gpu_layers, **(drafter_options or {})}
+        self.session_options = dict(session_options or {})
+        self.speculative_options = dict(speculative_options or {})
         self._api = api
         self._target = None
         self._drafters: dict[str, Any] = {}
@@ -125,8 +136,9 @@ class PyllamaspecBackend:
 
     def _loaded_target(self) -> Any:
         if self._target is None:
-            self._target = self.api.Model(str(self.target_path), n_gpu_layers=self.n_gpu_layers)
-            self._drafters = {label: self.api.Model(str(path), n_gpu_layers=self.n_gpu_layers)
+            self._target = self.api.Model(str(self.target_path), n_gpu_layers=self.n_gpu_layers,
+                                          **self.target_options)
+            self._drafters = {label: self.api.Model(str(path), **self.drafter_options)
                               for label, path in self.drafter_paths.items()}
         return self._target
 
@@ -149,8 +161,11 @@ class PyllamaspecBackend:
         return RenderedPrompt(text, tuple(target.tokenize(text)))
 
     def session_config(self, arm: Arm, *, n_ctx: int, margins: bool, n_parallel: int = 1) -> Any:
-        fields: dict[str, Any] = {"spec_types": list(arm.spec_types), "n_ctx": n_ctx, "temp": 0.0,
-                                  "seed": self.seed, "margins": margins, "force_reject": arm.force_reject}
+        fields: dict[str, Any] = dict(self.session_options)
+        if arm.spec_types != ("none",):
+            fields.update(self.speculative_options)
+        fields.update({"spec_types": list(arm.spec_types), "n_ctx": n_ctx, "temp": 0.0, "seed": self.seed,
+                       "margins": margins, "force_reject": arm.force_reject})
         if n_parallel > 1:
             fields["n_parallel"] = n_parallel
         # unset values keep the session's defaults rather than a second copy of them here
@@ -171,9 +186,12 @@ class PyllamaspecBackend:
     def score_margins(self, prompt: RenderedPrompt, continuation: tuple[int, ...], chunk: int, *,
                       n_ctx: int) -> list[float]:
         """The target's margins on a fixed continuation, decoded in batches of ``chunk`` tokens."""
-        threads = {"n_threads": self.n_threads, "n_threads_batch": self.n_threads} if self.n_threads is not None else {}
+        fields: dict[str, Any] = dict(self.session_options)
+        if self.n_threads is not None:
+            fields["n_threads"] = fields["n_threads_batch"] = self.n_threads
         # a plain session keeps logits for n_max + 1 tokens per batch
-        config = self.api.SessionConfig(spec_types=[], n_ctx=n_ctx, n_max=chunk - 1, **threads)
+        fields.update({"spec_types": [], "n_ctx": n_ctx, "n_max": chunk - 1})
+        config = self.api.SessionConfig(**fields)
         with self.api.SpecSession(target=self._loaded_target(), drafter=None, config=config) as session:
             return session.score_margins(list(prompt.tokens), list(continuation), chunk)
 

@@ -16,8 +16,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomicfile import atomic_output
-from .errors import DownloadError
+from ..atomicfile import atomic_output
+from ..errors import DownloadError
 
 
 @dataclass(frozen=True)
@@ -110,18 +110,24 @@ def fetch(name: str, quiet: bool = False) -> Path:
 
 
 def resolve(spec: str) -> Path:
-    """A model argument: an existing path, a catalog name, or (via download) 'repo[:file-pattern]'."""
+    """A model argument: an existing path, a catalog name, or a Hugging Face model as owner/repo (its one GGUF)
+    or owner/repo:FILE_PATTERN (e.g. owner/repo:model-Q4_0.gguf), fetched through the download module."""
     p = Path(spec).expanduser()
     if p.exists():
         return p
     if spec in CATALOG:
         return fetch(spec)
-    if "/" in spec and not spec.endswith(".gguf"):
+    repo, colon, pattern = spec.partition(":")
+    is_repo = repo.count("/") == 1 and all(repo.split("/"))
+    if is_repo and (colon or not repo.endswith(".gguf")):
         from .download import download  # Hugging Face; only imported when needed
-        repo, _, pattern = spec.partition(":")
+
+        if colon and not pattern:
+            raise DownloadError(f"'{spec}' names no file after the colon: use {repo}:FILE.gguf")
         files = [f for f in download(repo, [pattern] if pattern else ["*.gguf"]) if str(f).endswith(".gguf")]
         if len(files) != 1:
-            raise DownloadError(f"'{spec}' matched {len(files)} GGUF files; name one with repo:FILE_PATTERN")
+            listed = ", ".join(Path(f).name for f in files[:10])
+            raise DownloadError(f"'{spec}' matched {len(files)} GGUF files ({listed}); name one as {repo}:FILE.gguf")
         return Path(files[0])
-    raise DownloadError(f"model '{spec}' is neither a file, nor one of {', '.join(CATALOG)}, nor a Hugging Face "
-                        f"repo (owner/name[:file-pattern])")
+    raise DownloadError(f"model '{spec}' is not a file here, not one of {', '.join(CATALOG)}, and not a Hugging "
+                        f"Face model (owner/repo or owner/repo:FILE.gguf): check the path")

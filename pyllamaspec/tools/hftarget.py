@@ -1,10 +1,11 @@
 """A Hugging Face model directory read as a conversion target, without converting its weights.
 
-A drafter GGUF needs three things from its target: sizes (to check pairing), the arch (which layers it can tap)
-and the tokenizer (llama.cpp loads a vocabulary with every model). config.json gives the first two; the
-tokenizer is rebuilt from tokenizer.json the way a GGUF target made from the same directory carries it: the
-byte-level BPE vocabulary in id order padded to the config's vocab_size, token types, merges, special token ids,
-add-BOS/EOS flags and the chat template (the last three read by gguf's SpecialVocab).
+A drafter GGUF needs three things from its target: sizes, the arch (both for the pairing verdict, which is
+ggufinfo.pairing's, tappable archs included) and the tokenizer (llama.cpp loads a vocabulary with every model).
+config.json gives the first two; the tokenizer is rebuilt from tokenizer.json the way a GGUF target made from the
+same directory carries it: the byte-level BPE vocabulary in id order padded to the config's vocab_size, token
+types, merges, special token ids, add-BOS/EOS flags and the chat template (the last three read by gguf's
+SpecialVocab).
 
 Only byte-level BPE tokenizers (Qwen, Llama 3, gpt-oss and their kin) are rebuilt here; for anything else the
 error says to pass the target as GGUF.
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConversionError
+from ..errors import ConversionError
 
-# HF model_type -> llama.cpp arch (the archs whose graphs DFlash/EAGLE3 drafters can tap)
+# HF model_type -> llama.cpp arch, for the byte-level BPE families whose tokenizer this module rebuilds. Whether
+# a drafter can tap an arch's layers is the pairing verdict's (ggufinfo.pairing.LAYER_INPUT_ARCHS): qwen2 reads
+# fine here and is then refused there, as it is for a qwen2 GGUF.
 HF_MODEL_TYPES = {
     "llama": "llama",
     "qwen2": "qwen2",
@@ -64,7 +67,7 @@ class HFTarget:
 
     @property
     def vocab_fingerprint(self) -> str:
-        """ggufmeta's token fingerprint: sha256 of the token array as GGUF serialises it."""
+        """ggufinfo's token fingerprint: sha256 of the token array as GGUF serialises it."""
         h = hashlib.sha256()
         for t in self.tokens:
             h.update(struct.pack("<Q", len(t)))

@@ -1,9 +1,11 @@
 """Decide whether a target and a drafter can run together: the single place for that decision.
 
-It works on GGUF headers alone (ggufmeta), so the session API can refuse a bad pair before any
-native allocation, and `inspect --pair` and the converter give the same verdict. The rules mirror
-what the vendored llama.cpp checks or silently assumes (common/speculative.cpp, src/models/dflash.cpp,
-src/models/eagle3.cpp); each problem names the field, both sides' values and what to do.
+It works on GGUF headers alone (summary.GGUFSummary), so the session API can refuse a bad pair before any
+native allocation, and `inspect --pair` and the converter (which describes the drafter it is about to write
+as a summary) give the same verdict. The rules mirror what the vendored llama.cpp checks or silently assumes
+(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp, and native/session.cpp's validate());
+each problem names the field, both sides' values and what to do. tests/test_pairing_parity.py holds the
+verdict to what a native session accepts.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import DRAFTER_TYPES, MAX_DRAFT, SPEC_TYPES
-from .errors import ModelLoadError, PairingError
-from .ggufmeta import GGUFSummary, token_fingerprint
+from ..config import DRAFTER_TYPES, MAX_DRAFT, SPEC_TYPES
+from ..errors import ModelLoadError, PairingError
+from .reader import token_fingerprint
+from .summary import GGUFSummary
 
 # Hidden-state drafters (DFlash, EAGLE3) read the INPUT of target layer L (GGUF id = HF id + 1). Target graphs
 # record those inputs (res->t_layer_inp) only in these archs (upstream src/models/*.cpp at the pinned commit),
@@ -78,10 +81,11 @@ def check_pair(
     """Judge target + drafter for ``spec_types`` (llama.cpp names).
 
     ``spec_types=None`` detects the type from the drafter as upstream does (nothing without a
-    drafter); an empty sequence or ``["none"]`` means plain decoding. ``n_max``, when given, is
-    checked against what the drafter can produce per step.
+    drafter); an empty sequence or ``["none"]`` means plain decoding. ``n_max``, when given, must be a
+    draft length a session accepts, and is checked against what the drafter can produce per step.
     """
     checker = _PairChecker(target, drafter)
+    checker.check_n_max(n_max)
     if spec_types is None:
         types = detect_spec_types(drafter) if drafter is not None else ()
     else:
@@ -120,6 +124,16 @@ def require_pair(
     return report
 
 
+def tappable_layer_range(arch: str, n_layer: int, final_allowed: bool = False) -> tuple[int, int] | None:
+    """The GGUF layer ids (HF id + 1) a hidden-state drafter may tap on a target of ``arch`` with ``n_layer``
+    trunk layers (MTP blocks excluded), or None when the arch hands over no layer inputs at all. EAGLE3
+    (``final_allowed``) may also tap id n_layer, the final hidden state, which upstream reads through the
+    NextN embeddings instead."""
+    if arch not in LAYER_INPUT_ARCHS:
+        return None
+    return 1, n_layer if final_allowed or arch in FINAL_LAYER_INPUT_ARCHS else n_layer - 1
+
+
 def _show(value: object) -> str:
     if value is None:
         return "none"
@@ -147,6 +161,11 @@ class _PairChecker:
 
     def drafter_is_target(self) -> bool:
         return self.drafter is not None and os.path.realpath(self.drafter.path) == os.path.realpath(self.target.path)
+
+    def check_n_max(self, n_max: int | None) -> None:
+        if n_max is not None and not (isinstance(n_max, int) and 0 <= n_max <= MAX_DRAFT):
+            self.problem("n_max", f"a limit of {MAX_DRAFT}", n_max,
+                         f"the draft length per step must be within 0..{MAX_DRAFT}")
 
     # -- which types, with or without a drafter ------------------------------------------------
 
@@ -255,12 +274,21 @@ class _PairChecker:
             self.roles_problem(f"draft-eagle3 needs an eagle3 GGUF; this drafter is {drafter.arch}: "
                                f"use {detect_spec_types(drafter)[0]}")
             return
-        # EAGLE3 states the target hidden size it was trained on; its own width may differ
-        trained_for = drafter.target_hidden_size or drafter.n_embd
-        if trained_for != self.target.n_embd:
+        # EAGLE3 states the target hidden size it was trained on (its fc reads 3 target layers of that width),
+        # and it embeds tokens with the target's embeddings, so its own width must be the target's as well
+        # (native/session.cpp refuses any other width)
+        target = self.target
+        trained_for = drafter.target_hidden_size
+        if trained_for is not None and trained_for != target.n_embd:
             self.problem(
-                "n_embd", self.target.n_embd, trained_for,
-                "the drafter was trained on another target's hidden states: "
+                "n_embd", target.n_embd, trained_for,
+                "the drafter was trained on another target's hidden states (eagle3.target_hidden_size): "
+                "use the EAGLE3 drafter made for this target",
+            )
+        elif drafter.n_embd != target.n_embd:
+            self.problem(
+                "n_embd", target.n_embd, drafter.n_embd,
+                "an EAGLE3 drafter's width must be its target's (it embeds tokens with the target's embeddings): "
                 "use the EAGLE3 drafter made for this target",
             )
         if len(drafter.target_layers) != EAGLE3_N_TARGET_LAYERS:
@@ -327,27 +355,27 @@ class _PairChecker:
     # -- shared by the hidden-state drafters ------------------------------------------------------
 
     def check_layer_ids(self, final_allowed: bool = False) -> None:
-        """Each tapped id must be a layer whose input the target can hand over. EAGLE3 may also tap id n_layer
-        (the final hidden state), which upstream reads through the NextN embeddings instead."""
+        """Each tapped id must be a layer whose input the target can hand over (tappable_layer_range)."""
         target, drafter = self.target, self.drafter
         assert drafter is not None
         n_layer = target.n_layer_main
         if n_layer is None:
             self.notes.append("the target declares no block_count; tapped layer ids were not checked")
             return
-        if target.arch not in LAYER_INPUT_ARCHS:
+        valid = tappable_layer_range(target.arch, n_layer, final_allowed)
+        if valid is None:
             self.problem(
                 "arch", target.arch, drafter.target_layers,
                 f"a {target.arch} target does not hand over layer inputs, which this drafter reads: "
                 "it cannot draft for this target",
             )
             return
-        highest = n_layer if final_allowed or target.arch in FINAL_LAYER_INPUT_ARCHS else n_layer - 1
-        bad = [i for i in drafter.target_layers if not 1 <= i <= highest]
+        lowest, highest = valid
+        bad = [i for i in drafter.target_layers if not lowest <= i <= highest]
         if bad:
             self.problem(
                 "target_layers", f"{n_layer} layers ({target.arch})", drafter.target_layers,
-                f"ids {_show(bad)} are outside 1..{highest}, the layers a {target.arch} target of {n_layer} "
+                f"ids {_show(bad)} are outside {lowest}..{highest}, the layers a {target.arch} target of {n_layer} "
                 "layers can hand over: the drafter was made for a different target",
             )
 

@@ -14,7 +14,6 @@ Real models' shapes are presets (``pyllamaspec synth --preset NAME``), with the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -25,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import _native
-from .atomicfile import atomic_output
-from .errors import ConfigError, ModelLoadError
+from .. import _native
+from ..atomicfile import atomic_output
+from ..errors import ConfigError, ConversionError, ModelLoadError, PairingError
 
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 
@@ -451,7 +450,7 @@ def _check_type(type: str) -> str:
 
 
 def _plan_target(meta_dir: Path, shape: TargetShape, type: str, name: str) -> tuple[Path, SynthPlan]:
-    from .ggufmeta import read_summary
+    from ..ggufinfo import read_summary
 
     _check_shape(shape)
     _check_type(type)
@@ -521,26 +520,29 @@ def _plan_drafter(meta_dir: Path, drafter: DFlashShape, target: Path, type: str,
     """Layout, keys and pairing checks from the converter, against `target` (a target GGUF, or its keys alone)."""
     import gguf
 
-    from . import convert
-    from .ggufmeta import read_summary
-    from .quantize_cmd import DRAFTER_KEEP
+    from ..ggufinfo import read_summary
+    from .convert.config import parse_config
+    from .convert.plan import expected_tensors
+    from .convert.target import ARCH, check_pairing, read_target
+    from .convert.write import write_metadata
+    from .quantize import DRAFTER_KEEP
 
     if not isinstance(drafter, DFlashShape):
         raise ConfigError(f"a DFlash drafter shape must be a DFlashShape, got {drafter.__class__.__name__}")
     _check_type(type)
-    tgt = convert._read_target(Path(target))
+    tgt = read_target(Path(target))
     cfg_dir = meta_dir / "drafter-config"
     cfg_dir.mkdir(exist_ok=True)
     (cfg_dir / "config.json").write_text(json.dumps(_dflash_config(drafter, tgt.n_vocab, tgt.n_layer, read_summary(target).n_ctx_train or 0)), encoding="utf-8")
     try:
-        spec = convert._parse_config(cfg_dir)
-        convert._check_pairing(spec, tgt)
-    except (convert.ConversionError, convert.PairingError) as e:
+        spec = parse_config(cfg_dir)
+        check_pairing(spec, tgt)
+    except (ConversionError, PairingError) as e:
         raise ConfigError(f"DFlash drafter shape: {e}") from None
     meta = meta_dir / "drafter.meta.gguf"
-    w = gguf.GGUFWriter(str(meta), arch=convert.ARCH)
+    w = gguf.GGUFWriter(str(meta), arch=ARCH)
     try:
-        convert._write_metadata(w, spec, tgt, "f32", name, None, None)
+        write_metadata(w, spec, tgt, "f32", name, None, None)
         for kv in w.kv_data:
             kv.pop("general.file_type", None)
         w.add_uint32("general.file_type", _FTYPE[type])
@@ -550,7 +552,7 @@ def _plan_drafter(meta_dir: Path, drafter: DFlashShape, target: Path, type: str,
         w.close()
     _pad(meta)
     tensors = []
-    for p in convert._expected(spec):
+    for p in expected_tensors(spec):
         if not p.required:  # embeddings, LM head and sinks: a released drafter borrows or lacks them
             continue
         ne = _ne(tuple(reversed(p.shape)))
@@ -559,7 +561,7 @@ def _plan_drafter(meta_dir: Path, drafter: DFlashShape, target: Path, type: str,
             ty = "F16"  # what `pyllamaspec quantize` keeps at full precision in a drafter
         tensors.append(PlannedTensor(p.gguf, ne, ty, _nbytes(ne, ty), _kind(p.gguf)))
     tensors.sort(key=lambda t: (_block_index(t.name), t.name))
-    return meta, SynthPlan(convert.ARCH, type, tuple(tensors), read_summary(meta).metadata)
+    return meta, SynthPlan(ARCH, type, tuple(tensors), read_summary(meta).metadata)
 
 
 def plan_preset(preset: str, type: str = "f32") -> tuple[SynthPlan, SynthPlan | None]:
@@ -589,7 +591,7 @@ ProgressFn = Callable[[int, int], Any]  # (bytes done, bytes total); a true retu
 def _check_noise(seed: int, stddev: float, perturb_seed: int, perturb_stddev: float, n_threads: int | None) -> None:
     for what, v in (("seed", seed), ("perturb_seed", perturb_seed)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**32:
-            raise ConfigError(f"{what} must be an integer in 0..{2**32 - 1}, got {v!r}")
+            raise ConfigError(f"{what}={v!r} must be an integer within 0..{2**32 - 1}")
     for what, v in (("stddev", stddev), ("perturb_stddev", perturb_stddev)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{what} must be a number, got {v!r}")
@@ -750,72 +752,6 @@ def _resolve_type(type: str | None, f16: bool) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
-
-
-def register(sub) -> None:
-    p = sub.add_parser(
-        "synth", help="write synthetic GGUF models (random weights, real shapes) for tests and benchmarks",
-        description="Write a random-weight GGUF of a real model's shape (a preset), directly in the requested type "
-                    "and streamed on every core, so even 27B shapes need little memory and no F32 copy on disk. "
-                    "With --drafter, also the drafter that pairs with it. Presets: " + ", ".join(
-                        f"{n}{' (+ DFlash' + ('2' if p.drafter.version == 2 else '') + ' drafter)' if p.drafter else ''}"
-                        for n, p in PRESET_TABLE.items()))
-    p.add_argument("out", help="output GGUF path (the target)")
-    p.add_argument("--preset", choices=sorted(PRESET_TABLE), default="tiny-qwen3",
-                   help="model shape (default: %(default)s)")
-    p.add_argument("--type", choices=TYPES, default=None,
-                   help="weight type: f32, f16, q8_0 or q4_0 (norms and 1-D tensors stay F32, the LM head gets "
-                        "llama-quantize's choice; default f32)")
-    p.add_argument("--f16", action="store_true", help="same as --type f16")
-    p.add_argument("--drafter", metavar="OUT", default=None,
-                   help="also write the preset's drafter here: its DFlash/DFlash2 drafter, or for presets without "
-                        "one the target plus a second noise (a draft model that agrees often)")
-    p.add_argument("--seed", type=int, default=1, help="random seed of the weights (default: %(default)s)")
-    p.add_argument("--stddev", type=float, default=None,
-                   help="standard deviation of the weights (default: the preset's, 0.1 tiny, 0.02 real-scale)")
-    p.add_argument("--perturb-seed", type=int, default=0,
-                   help="non-zero: write the target plus a second noise of this seed (a draft model)")
-    p.add_argument("--perturb-stddev", type=float, default=0.01,
-                   help="standard deviation of the second noise (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="threads generating and quantizing (default 0: every core)")
-    p.add_argument("--force", action="store_true", help="overwrite existing output files")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (tensors, shapes, types, sizes, layer pattern) and write nothing")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    type = _resolve_type(args.type, args.f16)
-    if args.perturb_seed and not args.perturb_stddev > 0:
-        raise ConfigError("--perturb-stddev must be > 0 with --perturb-seed")
-    if args.stddev is not None and not (math.isfinite(args.stddev) and args.stddev > 0):
-        raise ConfigError(f"--stddev must be a finite number > 0, got {args.stddev}")
-    if args.dry_run:
-        target, drafter = plan_preset(args.preset, type)
-        print(target.describe(f"target {args.out} ({args.preset})"))
-        if PRESET_TABLE[args.preset].source:
-            print(f"  sizes from: {PRESET_TABLE[args.preset].source}")
-        if args.drafter:
-            if drafter is None:
-                drafter = target
-            print(drafter.describe(f"drafter {args.drafter}"))
-        return 0
-    t0 = time.perf_counter()
-    out, drafter_out = write_preset(args.out, args.preset, drafter_out=args.drafter, type=type, seed=args.seed,
-                                    stddev=args.stddev, perturb_seed=args.perturb_seed,
-                                    perturb_stddev=args.perturb_stddev, n_threads=args.threads, force=args.force)
-    print(out)
-    if drafter_out is not None:
-        print(drafter_out)
-    import sys
-
-    print(f"pyllamaspec synth: {args.preset} {type} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
 # EAGLE3 and DSpark drafters (small, written with gguf's writer)
 # --------------------------------------------------------------------------------------------
 
@@ -827,8 +763,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
     the target's embeddings and LM head, with the target's tokenizer. target_layers are GGUF ids (HF + 1)."""
     import numpy as np
 
-    from .convert import read_tokenizer_kv
-    from .ggufmeta import read_summary
+    from ..ggufinfo import read_summary, tokenizer_kv
 
     summary = read_summary(target)
     if len(target_layers) != 3:
@@ -856,7 +791,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         "blk.0.ffn_up.weight": weight(n_ff, n_embd),
         "blk.0.ffn_down.weight": weight(n_embd, n_ff),
     }
-    tokenizer_kv, _ = read_tokenizer_kv(Path(target))
+    target_tokenizer = tokenizer_kv(target)
 
     def fill(w) -> None:
         a = "eagle3"
@@ -871,7 +806,7 @@ def write_eagle3_drafter(path: str | os.PathLike, target: str | os.PathLike, *, 
         w.add_float32(f"{a}.rope.freq_base", 1000000.0)
         w.add_array(f"{a}.target_layers", list(target_layers))
         w.add_uint32(f"{a}.target_hidden_size", n_embd_tgt)
-        for key, value, vtype, sub in tokenizer_kv:
+        for key, value, vtype, sub in target_tokenizer:
             w.add_key_value(key, value, vtype, sub_type=sub)
         for name, data in tensors.items():
             w.add_tensor(name, data)

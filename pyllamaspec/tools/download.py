@@ -1,9 +1,5 @@
 """Fetch models from the Hugging Face Hub, each file checked against the sha256 the hub publishes.
 
-    pyllamaspec download REPO [FILE_PATTERN ...] [--revision REV] [--local-dir DIR] [--json]
-    pyllamaspec download --alias NAME [FILE_PATTERN ...] [...]
-    pyllamaspec download --list-aliases
-
 huggingface_hub does the transfer: the standard HF cache (or --local-dir), resume of interrupted
 transfers, progress bars, HF_HUB_OFFLINE / HF_TOKEN / HF_ENDPOINT. This module adds aliases for
 well-known models, file selection by glob with errors that say what the repo holds, and a sha256
@@ -13,14 +9,11 @@ that fails it is deleted, so nothing corrupt is left behind.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download, try_to_load_from_cache
@@ -34,10 +27,8 @@ from huggingface_hub.utils import (
     filter_repo_objects,
 )
 
-from .errors import DownloadError, PyllamaspecError
+from ..errors import DownloadError, PyllamaspecError
 
-EXIT_OK = 0
-EXIT_ERROR = 2
 HASH_CHUNK_BYTES = 16 * 2**20
 MAX_LISTED_FILES = 30  # files named in a "nothing matches" error
 
@@ -242,67 +233,3 @@ def _hub_errors(repo: str, revision: str | None, filename: str | None = None) ->
             f"fetching {what}{at} from {constants.ENDPOINT} failed: {type(err).__name__}: {err}. "
             "Check the network (or set HF_HUB_OFFLINE=1 to use only cached files) and try again."
         ) from err
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = subparsers.add_parser(
-        "download",
-        help="fetch a model from the Hugging Face Hub (sha256-checked)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("repo", nargs="?", metavar="REPO", help="hub repo id (owner/name) or an alias")
-    parser.add_argument(
-        "patterns", nargs="*", metavar="FILE_PATTERN",
-        help="file names or globs to fetch (default: the alias's files, else all files)",
-    )
-    parser.add_argument("--revision", metavar="REV", help="branch, tag or commit (default: the alias's, else main)")
-    parser.add_argument("--alias", metavar="NAME", help="a known model instead of REPO (see --list-aliases)")
-    parser.add_argument("--local-dir", metavar="DIR", help="put the files under DIR instead of the HF cache")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--list-aliases", action="store_true", help="list the known aliases and exit")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.list_aliases:
-        print(_format_aliases(args.json))
-        return EXIT_OK
-    if args.alias is not None:
-        if args.alias not in ALIASES:
-            return _fail(f"unknown alias {args.alias!r}; aliases: {', '.join(ALIASES)}")
-        # with --alias there is no REPO, so a first positional is already a file pattern
-        name, patterns = args.alias, ([args.repo] if args.repo else []) + args.patterns
-    elif args.repo is not None:
-        name, patterns = args.repo, args.patterns
-    else:
-        return _fail("give a REPO (owner/name) or --alias NAME; --list-aliases lists the aliases")
-    try:
-        paths = download(name, patterns or None, args.revision, args.local_dir)
-    except PyllamaspecError as err:
-        return _fail(str(err))
-    if args.json:
-        print(json.dumps({"source": name, "revision": args.revision, "files": [str(p) for p in paths]}, indent=2))
-    else:
-        print("\n".join(str(p) for p in paths))
-    return EXIT_OK
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_ERROR
-
-
-def _format_aliases(as_json: bool) -> str:
-    if as_json:
-        return json.dumps({name: asdict(source) for name, source in ALIASES.items()}, indent=2)
-    width = max(map(len, ALIASES))
-    lines = []
-    for name, source in ALIASES.items():
-        files = " ".join(source.patterns) if source.patterns else "all files"
-        pinned = f" @ {source.revision[:12]}" if source.revision else ""
-        lines.append(f"{name:<{width}}  {source.repo}{pinned}  [{files}]  {source.description}")
-    return "\n".join(lines)

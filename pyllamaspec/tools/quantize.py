@@ -1,16 +1,14 @@
-"""`pyllamaspec quantize`: requantize a GGUF through upstream's quantizer, drafter-aware and atomic."""
+"""Requantize a GGUF through upstream's quantizer, drafter-aware and atomic (`pyllamaspec quantize`)."""
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-from . import _native
-from .atomicfile import atomic_output
-from .errors import QuantizeError
+from .. import _native
+from ..atomicfile import atomic_output
+from ..errors import QuantizeError
 
 # llama_ftype values by upstream's names (llama.h); the common ones plus the k-quants
 FTYPES = {
@@ -39,11 +37,13 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
     name = ftype.upper()
     if name not in FTYPES:
         raise QuantizeError(f"unknown type '{ftype}'; known: {', '.join(FTYPES)}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads < 2 ** 31:
+        raise QuantizeError(f"threads={threads!r} must be a count >= 0 (0: every core)")
     if not src.is_file():
-        raise QuantizeError(f"input '{src}' does not exist")
+        raise QuantizeError(f"input '{src}' does not exist or is not a regular file")
     if dst.exists() and dst.resolve() == src.resolve():
         raise QuantizeError("output and input are the same file; quantize never overwrites its input")
-    from .ggufmeta import read_summary  # metadata only, no weights
+    from ..ggufinfo import read_summary  # metadata only, no weights
 
     arch = read_summary(src).arch
     ffi, lib = _native.load()
@@ -60,24 +60,3 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
             raise QuantizeError(msg)
     return {"input": str(src), "output": str(dst), "type": name, "bytes_in": src.stat().st_size,
             "bytes_out": dst.stat().st_size, "seconds": time.perf_counter() - t0, "drafter_overrides": overrides}
-
-
-def register(sub) -> None:
-    p = sub.add_parser("quantize", help="requantize a GGUF (e.g. a drafter to Q4_0)")
-    p.add_argument("input")
-    p.add_argument("output")
-    p.add_argument("--type", default="Q4_0", help=f"one of {', '.join(FTYPES)}")
-    p.add_argument("--allow-requantize", action="store_true", help="allow an already-quantized input")
-    p.add_argument("-t", "--threads", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="replace an existing output file")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    print(f"quantizing {args.input} -> {args.output} ({args.type.upper()})", file=sys.stderr)
-    r = quantize(args.input, args.output, args.type, threads=args.threads, allow_requantize=args.allow_requantize,
-                 force=args.force)
-    mib = 2 ** 20
-    print(f"{r['bytes_in'] / mib:.1f} MiB -> {r['bytes_out'] / mib:.1f} MiB "
-          f"({r['bytes_out'] / r['bytes_in']:.2f}x) in {r['seconds']:.1f} s", file=sys.stderr)
-    return 0

@@ -1,0 +1,79 @@
+"""Parse the command line, run the subcommand, and report any failure in one format for every command:
+``pyllamaspec: error: <what went wrong and what to do>`` on stderr, exit status 2 (130 when interrupted)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from ..errors import PyllamaspecError
+
+PROG = "pyllamaspec"
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+DEBUG_ENV = "PYLLAMASPEC_DEBUG"  # set: unexpected exceptions keep their traceback
+
+
+def error_line(message: object) -> str:
+    return f"{PROG}: error: {message}"
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the package's error format (subcommand parsers are made of the same class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        command = self.prog.removeprefix(PROG).strip()
+        self.exit(EXIT_ERROR, error_line(f"{command}: {message}" if command else message) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+    from . import bench, convert, download, generate, info, inspect, quantize, synth
+
+    ap = Parser(prog=PROG, description="Fast, exact speculative decoding of GGUF models")
+    ap.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="llama.cpp logs on stderr: -v warnings, -vv info, -vvv debug (default: errors only)")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (generate, info, inspect, convert, quantize, download, synth, bench):
+        command.register(sub)
+    return ap
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; every failure becomes one error report and exit status 2."""
+    try:
+        if getattr(args, "verbose", 0):
+            from .. import _native
+
+            _ffi, lib = _native.load()
+            lib.pls_set_log_level(min(3, args.verbose))
+        return args.func(args)
+    except PyllamaspecError as e:
+        print(error_line(e), file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        print(error_line(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")), file=sys.stderr)
+    except Exception as e:  # an unforeseen failure still ends as one report, unless debugging
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(error_line(f"internal error: {type(e).__name__}: {e} (set {DEBUG_ENV}=1 for a traceback)"),
+              file=sys.stderr)
+    return EXIT_ERROR
+
+
+def main(argv=None) -> int:
+    return run_command(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

