@@ -183,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object: text, tokens, margins, stats")
     p.set_defaults(func=cmd_generate)
 
-    from . import convert, download, inspect_cmd, quantize_cmd, synth
+    from . import convert, download, inspect_cmd, quantize_cmd, server, synth
     from .bench import cli as bench_cli
-    for module in (quantize_cmd, convert, inspect_cmd, download, bench_cli, synth):
+    for module in (quantize_cmd, convert, inspect_cmd, download, bench_cli, synth, server):
         module.register(sub)
     return ap
 
