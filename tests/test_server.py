@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from pyllamaspec import Model, SessionConfig, SpecSession  # noqa: E402
 
+from test_real_models import MIN_NEAR_TIE  # noqa: E402
 from test_sessions import NEAR_TIE  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1],
@@ -36,7 +37,7 @@ PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 
 N_PREDICT = 40
 MODEL = "target-qwen3"       # the served name: the target file's name without .gguf
 TIMEOUT = 60.0
-SERVE = ["--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--no-adaptive", "-np", "4", "-c", "4096",
+SERVE = ["--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--no-adaptive", "-np", "4", "-c", "8192",
          "--queue-size", "16"]
 
 
@@ -156,10 +157,10 @@ def aclient(server) -> "openai.AsyncOpenAI":
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
 
 
-def assert_near(tokens, ref):
+def assert_near(tokens, ref, near_tie=NEAR_TIE):
     for i, (a, b) in enumerate(zip(tokens, ref.tokens)):
         if a != b:
-            assert ref.margins[i] < NEAR_TIE, f"divergence at {i} where the margin is {ref.margins[i]:.4g}"
+            assert ref.margins[i] < near_tie, f"divergence at {i} where the margin is {ref.margins[i]:.4g}"
             return
     assert len(tokens) == len(ref.tokens)
 
@@ -399,11 +400,11 @@ def test_bad_requests_get_openai_shaped_4xx(server):
     assert_openai_error(post(comp, {"prompt": ["a", "b"]}), 400, "prompt")
     assert_openai_error(post(comp, {"prompt": ""}), 400, "prompt")
     assert_openai_error(post(comp, {}), 400, "prompt")
-    # over the context (4096 shared by 4 slots: 1024 each)
-    err = assert_openai_error(post(comp, {"prompt": [1 + i % 400 for i in range(1100)], "max_tokens": 4}), 400,
+    # over the context (8192 shared by 4 slots: 2048 each)
+    err = assert_openai_error(post(comp, {"prompt": [1 + i % 400 for i in range(2100)], "max_tokens": 4}), 400,
                               "prompt", "context_length_exceeded")
-    assert "1100" in err["message"]
-    long_chat = [{"role": "user", "content": " ".join(str(i) for i in range(1500))}]
+    assert "2100" in err["message"]
+    long_chat = [{"role": "user", "content": " ".join(str(i) for i in range(3000))}]
     assert_openai_error(post(chat, {"messages": long_chat}), 400, "messages", "context_length_exceeded")
     assert_openai_error(post(url + "/detokenize", {"tokens": [1, 99999]}), 400, "tokens")
     assert_openai_error(post(url + "/tokenize", {"content": 5}), 400, "content")
@@ -417,7 +418,7 @@ def test_bad_requests_get_openai_shaped_4xx(server):
         c.chat.completions.create(model="gpt-4o", messages=msgs)
     assert e.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model=MODEL, prompt=[1] * 1100)
+        c.completions.create(model=MODEL, prompt=[1] * 2100)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=-5)
@@ -466,7 +467,7 @@ def test_cancelled_streams_free_their_slots(server):
     assert r.choices[0].finish_reason == "length"
     # a request whose client disconnects before its response (not streamed) is cancelled too
     with pytest.raises(openai.APITimeoutError):
-        client(server, timeout=0.5).completions.create(model=MODEL, prompt=PROMPTS[6], max_tokens=100_000)
+        client(server, timeout=0.3).completions.create(model=MODEL, prompt=PROMPTS[6], max_tokens=100_000)
     after2 = wait_idle(server.url)
     assert delta(after2, after, 'pyllamaspec:requests_finished_total{finish_reason="cancelled"}') == 1
 
@@ -616,7 +617,7 @@ def _loader(models, n_parallel, gate=None, load_gate=None):
             assert load_gate.wait(TIMEOUT)
         target, drafter = Model(models[0]), Model(models[1])
         session = SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=4, adaptive=False,
-                                                             n_ctx=1024, n_parallel=n_parallel))
+                                                             n_ctx=4096, n_parallel=n_parallel))
         return Loaded(target, drafter, GatedSession(session, gate) if gate is not None else session)
     return load
 
@@ -808,6 +809,7 @@ def test_real_pair_served_greedy_equals_generate(real_pair, tmp_path):
         with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=1024)) as ref_session:
             ref = ref_session.generate(prompt, 48)
     assert r.usage.prompt_tokens == len(prompt)
-    assert_near(tokens, ref)
-    assert_near(streamed_tokens, ref)
+    # the real pair's near-tie: its batch-shape noise on x86 CPU kernels (see test_real_models)
+    assert_near(tokens, ref, MIN_NEAR_TIE)
+    assert_near(streamed_tokens, ref, MIN_NEAR_TIE)
     assert extra(r, "timings")["draft_n"] > 0

@@ -145,7 +145,7 @@ class ServerState:
             _close_loaded(loaded)
             log.info("session closed")
 
-    # -- helpers for handlers ----------------------------------------------------------------
+    # -- what the handlers use ---------------------------------------------------------------
 
     def require_ready(self) -> Engine:
         status, engine = self.status, self.engine
@@ -291,7 +291,8 @@ class _Generation:
             while True:
                 item = await job.queue.get()
                 if isinstance(item, Delta):
-                    yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
+                    if item.text or self.req.return_tokens:   # text held back (a stop string may begin): no chunk
+                        yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
                 elif isinstance(item, Final):
                     if item.text or (item.tokens and self.req.return_tokens):
                         yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
