@@ -370,10 +370,15 @@ extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t 
             if (s->n_begin > 0 && s->active) {
                 fail(PLS_ERR_BUSY, "a generation begun with pls_begin is running on this session");
             }
+            // a finished begin-style generation leaves its slots marked: only queued sequences hold one now
+            std::fill(s->reserved.begin(), s->reserved.end(), 0);
+            for (const auto & a : s->adds) {
+                s->reserved[a.slot] = 1;
+            }
         }
         int32_t free_slot = -1;
         for (size_t i = 0; i < s->reserved.size() && free_slot < 0; ++i) {
-            if (!s->reserved[i] && (s->continuous || !s->streams[i].used || !s->streams[i].active)) {
+            if (!s->reserved[i]) {
                 free_slot = (int32_t) i;
             }
         }

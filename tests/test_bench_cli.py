@@ -11,6 +11,7 @@ from pyllamaspec.cli import bench as cli
 from pyllamaspec.cli.app import run_command
 from pyllamaspec.bench.backends import RenderedPrompt, RunResult
 from pyllamaspec.bench.lock import lock_path_for, read_holder
+from pyllamaspec.config import SessionConfig
 from pyllamaspec.errors import ConfigError
 
 
@@ -87,6 +88,28 @@ def test_breakeven_twins_and_external_arms_point_at_their_base_arm():
     assert twin.force_reject and twin.compare_to == "ngram-mod"
     assert by_name["upstream:ngram-mod"].kind == "speculative-simple"
     assert by_name["llama-cpp-python"].compare_to == "plain"
+
+
+def test_adaptive_on_and_off_are_arms_and_a_single_value_applies_to_every_arm():
+    arms = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--spec-draft-n-max", "4",
+                                    "--spec-adaptive", "on,off", "--breakeven"))
+    by_name = {arm.name: arm for arm in arms}
+    assert list(by_name)[:3] == ["plain", "ngram-mod/n4/adaptive", "ngram-mod/n4/fixed"]
+    assert by_name["ngram-mod/n4/adaptive"].adaptive is True and by_name["ngram-mod/n4/fixed"].adaptive is False
+    # a forced zero-acceptance twin measures the cost of drafting n_max every step, so it never adapts
+    assert by_name["ngram-mod/n4/adaptive/forced-reject"].adaptive is False
+    fixed = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--spec-adaptive", "off"))
+    assert [(arm.name, arm.adaptive) for arm in fixed[1:]] == [("ngram-mod", False)]
+    default = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod"))
+    assert default[1].adaptive is SessionConfig.adaptive
+
+
+def test_synthetic_acceptance_marks_speculative_arms_and_refuses_upstream_arms():
+    arms = command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--spec-synth-rates", "0.9,0.8"))
+    assert [arm.synthetic for arm in arms] == [False, True]
+    for extra in ("--external-speculative-simple", "--breakeven"):
+        with pytest.raises(ConfigError, match="synthetic acceptance"):
+            command.build_arms(parse("-m", "t", "--spec-type", "ngram-mod", "--spec-synth-len", "3", extra))
 
 
 def test_modes_can_be_set_per_arm():

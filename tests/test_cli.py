@@ -153,3 +153,17 @@ def test_speculation_is_not_warned_about(dense_pair, capsys) -> None:
     assert "warning" not in captured.err
     out = json.loads(captured.out)
     assert out["session"]["spec_types"] == ["draft-simple"] and out["session"]["n_max_requested"] == DEFAULT_N_MAX
+
+
+def test_adaptive_and_synthetic_acceptance_are_said_in_the_stats_line(dense_pair, capsys) -> None:
+    target, drafter = dense_pair
+    assert main(["generate", "-m", str(target), "-md", str(drafter), "-p", "hello", "-n", "24", "--raw",
+                 "--no-memory-check", "--spec-adaptive", "off", "--spec-draft-n-max", "4",
+                 "--spec-synth-rates", "1,1,1,1"]) == 0
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert "n_max=4 fixed SYNTHETIC ACCEPTANCE" in line
+    assert "acceptance 1.00" in line
+    assert main(["generate", "-m", str(target), "-md", str(drafter), "-p", "hello", "-n", "6", "--raw",
+                 "--no-memory-check", "--json", "--spec-adaptive", "on"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["session"]["adaptive"] is True and out["session"]["synthetic"] is False

@@ -174,3 +174,19 @@ def test_modes_do_not_mix_and_bad_sequences_are_refused(models):
             pass
         assert s.generate(PROMPTS[1], 4).finish_reason == "length"   # idle again: the other mode is free
         assert not s.cancel(slot)
+
+
+def test_every_slot_is_free_for_submit_after_a_begin_style_generation(models):
+    target, drafter, refs = models
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=512, n_parallel=2)
+    with SpecSession(target, drafter, cfg) as s:
+        for _ in range(2):   # begin-style, then continuous, twice: the slots change hands both ways
+            first = s.generate_batch([PROMPTS[0], PROMPTS[1]], N_PREDICT)
+            for i, r in enumerate(first):
+                assert_near(r.tokens, refs[i])
+            outputs, finished = {}, {}
+            run_until_idle(s, outputs, finished, {0: [(2, PROMPTS[2], {"n_predict": N_PREDICT}),
+                                                      (3, PROMPTS[3], {"n_predict": N_PREDICT})]})
+            assert finished == {2: "length", 3: "length"}
+            for key in (2, 3):
+                assert_near(outputs[key], refs[key])

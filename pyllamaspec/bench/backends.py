@@ -171,6 +171,8 @@ class PyllamaspecBackend:
         # unset values keep the session's defaults rather than a second copy of them here
         if arm.n_max is not None:
             fields["n_max"] = arm.n_max
+        if arm.adaptive is not None and arm.spec_types != ("none",):
+            fields["adaptive"] = arm.adaptive
         if self.n_threads is not None:
             fields["n_threads"] = fields["n_threads_batch"] = self.n_threads
         return self.api.SessionConfig(**fields)

@@ -78,17 +78,24 @@ def build_arms(args: argparse.Namespace) -> list[Arm]:
         for n_max in args.spec_draft_n_max:
             if n_max is not None and n_max < 1:
                 raise ConfigError(f"--spec-draft-n-max must be at least 1, got {n_max}")
-            combos += [(types, n_max, label) for label in (labels if needs_drafter else [None])]
+            combos += [(types, n_max, label, adaptive) for adaptive in dict.fromkeys(args.adaptive)
+                       for label in (labels if needs_drafter else [None])]
     modes = [PromptMode(chat, reasoning) for chat, reasoning in zip(
         _per_arm(args.chat_template, 1 + len(combos), "--chat-template"),
         _per_arm(args.reasoning, 1 + len(combos), "--reasoning"), strict=True)]
     arms = [Arm(PLAIN_ARM_NAME, mode=modes[0])]
-    spec_arms = [Arm(spec_arm_name(types, n_max, label), types, n_max, label, mode=mode)
-                 for (types, n_max, label), mode in zip(combos, modes[1:], strict=True)]
+    synthetic = getattr(args, "synth_rates", None) is not None or getattr(args, "synth_len", None) is not None
+    if synthetic and (args.external_speculative_simple or args.breakeven):
+        raise ConfigError("synthetic acceptance (--spec-synth-rates/--spec-synth-len) runs in pyllamaspec's own "
+                          "loop only: it cannot be combined with --external-speculative-simple or --breakeven")
+    spec_arms = [Arm(spec_arm_name(types, n_max, label, adaptive if len(args.adaptive) > 1 else None), types, n_max,
+                     label, mode=mode, adaptive=SessionConfig.adaptive if adaptive is None else adaptive,
+                     synthetic=synthetic)
+                 for (types, n_max, label, adaptive), mode in zip(combos, modes[1:], strict=True)]
     arms += spec_arms
     if args.breakeven:
         arms += [Arm(f"{arm.name}/forced-reject", arm.spec_types, arm.n_max, arm.drafter, force_reject=True,
-                     mode=arm.mode, compare_to=arm.name) for arm in spec_arms]
+                     mode=arm.mode, compare_to=arm.name, adaptive=False) for arm in spec_arms]
     if args.external_speculative_simple:
         arms += [Arm(f"upstream:{arm.name}", arm.spec_types, arm.n_max, arm.drafter, kind="speculative-simple",
                      mode=arm.mode, compare_to=arm.name) for arm in spec_arms]

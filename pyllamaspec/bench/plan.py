@@ -55,6 +55,8 @@ class Arm:
     kind: ArmKind = "session"
     mode: PromptMode = PromptMode()
     compare_to: str | None = None  # the arm this one is reported as a ratio to (external arms, forced twins)
+    adaptive: bool | None = None  # draft lengths chosen per step (True), fixed (False), the session's default (None)
+    synthetic: bool = False  # acceptance is drawn, not checked: a speed measurement whose output is not the model's
 
     @property
     def is_plain(self) -> bool:
@@ -63,13 +65,16 @@ class Arm:
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "spec_types": list(self.spec_types), "n_max": self.n_max,
                 "drafter": self.drafter, "force_reject": self.force_reject, "mode": self.mode.to_dict(),
-                "compare_to": self.compare_to}
+                "compare_to": self.compare_to, "adaptive": self.adaptive, "synthetic": self.synthetic}
 
 
-def spec_arm_name(spec_types: Sequence[str], n_max: int | None, drafter: str | None) -> str:
+def spec_arm_name(spec_types: Sequence[str], n_max: int | None, drafter: str | None,
+                  adaptive: bool | None = None) -> str:
     name = "+".join(spec_types)
     if n_max is not None:
         name += f"/n{n_max}"
+    if adaptive is not None:
+        name += "/adaptive" if adaptive else "/fixed"
     if drafter is not None:
         name += f"@{drafter}"
     return name

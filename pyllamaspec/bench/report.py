@@ -160,6 +160,9 @@ def render_markdown(document: Mapping) -> str:
            for record in records):
         lines += ["> **Warning:** an arm's greedy output diverged from plain decoding at a non-tie; that arm is "
                   "not exact, and its speed is not comparable.", ""]
+    if any(record.get("synthetic") for record in records):
+        lines += ["> **Synthetic acceptance:** speculative arms accepted drafts at drawn rates instead of checking "
+                  "them; their speed is a what-if for that acceptance and their text is not the model's.", ""]
     for label, model in environment.get("models", {}).items():
         lines.append(f"- {label}: `{Path(model['path']).name}` sha256 `{model['sha256'][:16]}…`")
     if environment:
@@ -188,7 +191,7 @@ def render_markdown(document: Mapping) -> str:
             f"| {_fmt(record['spread_pct'])} | {len(record['runs'])} | {_fmt(record.get('acceptance'), 3)} "
             f"| {_fmt(record.get('tokens_per_step'), 2)} | {_fmt_ratio(record.get('speedup_vs_plain'))} "
             f"| {(ratio_to['arm'] + ': ' + _fmt_ratio(ratio_to)) if ratio_to else '–'} "
-            f"| {_fmt_equivalence(record.get('equal_to_plain'))} "
+            f"| {'synthetic acceptance' if record.get('synthetic') else _fmt_equivalence(record.get('equal_to_plain'))} "
             f"| {'**contaminated**' if record.get('contaminated') else 'no'} |")
     if any(record.get("cold_start_each_run") for record in records):
         lines += ["", "Upstream's llama-speculative-simple loads the model for every run, so each of its runs is a "

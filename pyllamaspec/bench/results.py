@@ -63,8 +63,8 @@ def tie_tolerance(margin_tolerance: float, noise: float | None) -> float:
 def _equivalence(arm: Arm, plain: Arm, runs: Sequence[RunOutcome], references: Mapping[ReferenceKey, RunResult],
                  tolerance: float, noise: Mapping[ReferenceKey, float]) -> dict | None:
     """The least equivalent of this arm's runs against the plain reference of the same prompt."""
-    if arm.mode != plain.mode:
-        return None  # another prompt, so another text: nothing to compare
+    if arm.mode != plain.mode or arm.synthetic:
+        return None  # another prompt, so another text; or drawn acceptance, so not the model's text
     checked: list[tuple[Equivalence, str, float, float | None]] = []
     for run in runs:
         key = (run.step.content_class, run.step.depth, run.step.prompt_index)
@@ -142,6 +142,8 @@ def build_records(
             "n_max": arm.n_max,
             "drafter": arm.drafter,
             "force_reject": arm.force_reject,
+            "adaptive": arm.adaptive,
+            "synthetic": arm.synthetic,
             "mode": arm.mode.to_dict(),
             "mode_label": arm.mode.label,
             "class": content_class,

@@ -35,6 +35,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
+    from .. import server
     from . import bench, convert, download, generate, info, inspect, quantize, synth
 
     ap = Parser(prog=PROG, description="Fast, exact speculative decoding of GGUF models")
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="count", default=0,
                     help="llama.cpp logs on stderr: -v warnings, -vv info, -vvv debug (default: errors only)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, info, inspect, convert, quantize, download, synth, bench):
+    for command in (generate, info, inspect, convert, quantize, download, synth, bench, server):
         command.register(sub)
     return ap
 

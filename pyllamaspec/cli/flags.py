@@ -14,6 +14,7 @@ from typing import Any
 from ..config import DEFAULT_N_MAX, KV_CACHE_TYPES, SPLIT_MODES, ModelConfig, SessionConfig
 
 _FLASH_ATTN = {"on": True, "off": False, "auto": None}
+_ON_OFF = {"on": True, "off": False}
 
 
 def _default(config: type, name: str) -> Any:
@@ -122,6 +123,23 @@ def add_speculative_flags(parser: argparse.ArgumentParser, *, per_arm: bool = Fa
                             "none without one)")
         g.add_argument("--spec-draft-n-max", dest="spec_draft_n_max", type=int, default=None, metavar="N",
                        help=f"draft tokens per step (default: {DEFAULT_N_MAX})")
+    adaptive_default = "on" if _default(SessionConfig, "adaptive") else "off"
+    if per_arm:
+        g.add_argument("--spec-adaptive", dest="adaptive", type=_csv_on_off, default=[None], metavar="on|off[,...]",
+                       help="on: each step's draft length is chosen (0 included) from measured costs, under "
+                            "--spec-draft-n-max; off: n-max tokens every step; 'on,off' measures both as arms "
+                            f"(default: {adaptive_default})")
+    else:
+        g.add_argument("--spec-adaptive", dest="adaptive", choices=list(_ON_OFF), default=None,
+                       help="on: choose each step's draft length (0 included) from measured costs, with "
+                            "--spec-draft-n-max as the ceiling; off: draft --spec-draft-n-max tokens every step "
+                            f"(default: {adaptive_default})")
+    g.add_argument("--spec-synth-rates", dest="synth_rates", type=csv_floats, default=None, metavar="P[,P...]",
+                   help="speed measurement only, the output is not the model's: accept draft position i with "
+                        "probability P_i (non-increasing) instead of checking it (default: real verification)")
+    g.add_argument("--spec-synth-len", dest="synth_len", type=float, default=None, metavar="L",
+                   help="speed measurement only: synthetic acceptance with this mean accepted length "
+                        "(default: real verification)")
     g.add_argument("--spec-draft-n-min", dest="n_min", type=int, default=None, metavar="N",
                    help=f"fewest draft tokens worth verifying (default: {_shown(SessionConfig, 'n_min')})")
     g.add_argument("--spec-draft-p-min", dest="p_min", type=float, default=None, metavar="P",
@@ -155,7 +173,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser, *, seed_only: bool = Fal
 
 _CONTEXT_FLAGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "n_threads_draft", "cache_type_k",
                   "cache_type_v", "cache_type_k_draft", "cache_type_v_draft")
-_SPECULATIVE_FLAGS = ("n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match",
+_SPECULATIVE_FLAGS = ("synth_rates", "synth_len", "n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match",
                       "ngram_mod_n_min", "ngram_mod_n_max")
 _SAMPLING_FLAGS = ("temp", "top_k", "top_p", "min_p", "seed")
 
@@ -172,7 +190,10 @@ def context_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def speculative_settings(args: argparse.Namespace) -> dict[str, Any]:
     """SessionConfig fields of the speculative group that were given (spec types and n_max aside)."""
-    return _given(args, {name: name for name in _SPECULATIVE_FLAGS})
+    settings = _given(args, {name: name for name in _SPECULATIVE_FLAGS})
+    if isinstance(getattr(args, "adaptive", None), str):  # a list (bench) is one arm per value instead
+        settings["adaptive"] = _ON_OFF[args.adaptive]
+    return settings
 
 
 def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -187,6 +208,13 @@ def session_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _given(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
     """{config field: value} for the flags that were given (not None)."""
     return {field: getattr(args, flag) for flag, field in names.items() if getattr(args, flag, None) is not None}
+
+
+def _csv_on_off(text: str) -> list[bool]:
+    items = csv_strings(text)
+    if not items or any(item not in _ON_OFF for item in items):
+        raise argparse.ArgumentTypeError(f"{text!r}: give on, off or on,off")
+    return [_ON_OFF[item] for item in items]
 
 
 def _csv_ints(text: str) -> list[int]:

@@ -38,6 +38,26 @@ def register(sub) -> None:
                        description="Generate text from one or more prompts with a target and a drafter (or an "
                                    "n-gram type). -p and -f may be repeated and mixed: each is one prompt, in "
                                    "command-line order; several prompts are decoded together as streams.")
+    add_session_flags(p)
+    g = p.add_argument_group("prompts and output")
+    g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
+                   help="a prompt; repeat to decode several prompts together (default: a coding request)")
+    g.add_argument("-f", "--file", dest="prompts", action=_AppendPromptFile, default=None, metavar="PATH",
+                   help="a prompt read from a UTF-8 text file; repeatable, mixes with -p in order (default: none)")
+    g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
+                   help="tokens to generate per prompt (default: %(default)s)")
+    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="streams decoded together; n_ctx is shared among them (default: one per prompt)")
+    add_memory_check_flag(g)
+    g.add_argument("--raw", action="store_true",
+                   help="do not wrap the prompts in the model's chat template (default: wrapped when it has one)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, tokens, margins, finish reason, stats (default: the text)")
+    p.set_defaults(func=run)
+
+
+def add_session_flags(p: argparse.ArgumentParser) -> None:
+    """The models and every session flag group: what `generate` and `serve` open a session from."""
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", default=None, metavar="MODEL",
                    help="target GGUF: a path, a catalog name, or owner/repo[:FILE.gguf] on the Hugging Face Hub "
@@ -49,22 +69,11 @@ def register(sub) -> None:
     flags.add_placement_flags(p)
     flags.add_context_flags(p)
     flags.add_sampling_flags(p)
-    g = p.add_argument_group("prompts and output")
-    g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
-                   help="a prompt; repeat to decode several prompts together (default: a coding request)")
-    g.add_argument("-f", "--file", dest="prompts", action=_AppendPromptFile, default=None, metavar="PATH",
-                   help="a prompt read from a UTF-8 text file; repeatable, mixes with -p in order (default: none)")
-    g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
-                   help="tokens to generate per prompt (default: %(default)s)")
-    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
-                   help="streams decoded together; n_ctx is shared among them (default: one per prompt)")
-    g.add_argument("--raw", action="store_true",
-                   help="do not wrap the prompts in the model's chat template (default: wrapped when it has one)")
-    g.add_argument("--json", action="store_true",
-                   help="print one JSON object: text, tokens, margins, finish reason, stats (default: the text)")
+
+
+def add_memory_check_flag(g) -> None:
     g.add_argument("--no-memory-check", action="store_true",
                    help="skip the per-device memory estimate that refuses what cannot fit (default: checked)")
-    p.set_defaults(func=run)
 
 
 def read_prompts(items: list[str] | None) -> list[str]:
@@ -92,15 +101,18 @@ def read_prompts(items: list[str] | None) -> list[str]:
     return prompts or [DEFAULT_PROMPT]
 
 
-def session_config(args: argparse.Namespace, types: tuple[str, ...] | None, *, margins: bool) -> SessionConfig:
+def session_config(args: argparse.Namespace, types: tuple[str, ...] | None, *, margins: bool,
+                   **overrides) -> SessionConfig:
     fields = flags.session_settings(args)
     if args.spec_draft_n_max is not None:
         fields["n_max"] = args.spec_draft_n_max
+    fields.update(overrides)
     return SessionConfig(spec_types=types, n_parallel=args.parallel or 1, margins=margins, **fields)
 
 
-def open_session(args: argparse.Namespace, margins: bool = False):
-    """Models and session from the flags: (target, drafter or None, session)."""
+def open_session(args: argparse.Namespace, margins: bool = False, **overrides):
+    """Models and session from the flags: (target, drafter or None, session). overrides: SessionConfig fields
+    a command sets itself."""
     from ..memory import estimate_memory
     from ..model import Model
     from ..session import SpecSession
@@ -110,7 +122,7 @@ def open_session(args: argparse.Namespace, margins: bool = False):
     if drafter_ref is None and args.model is None and (types is None or "draft-simple" in types):
         drafter_ref, types = pypi_models.DEFAULT_DRAFTER, types or ("draft-simple",)
     target_cfg, drafter_cfg = flags.model_configs(args)
-    cfg = session_config(args, types, margins=margins)
+    cfg = session_config(args, types, margins=margins, **overrides)
     target_path = pypi_models.resolve(args.model or pypi_models.DEFAULT_TARGET)
     drafter_path = pypi_models.resolve(drafter_ref) if drafter_ref is not None else None
     if drafter_path is None and types is None:
@@ -121,8 +133,17 @@ def open_session(args: argparse.Namespace, margins: bool = False):
         estimate_memory(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,
                         session_config=cfg).check()
     target = Model(target_path, target_cfg)
-    drafter = Model(drafter_path, drafter_cfg) if drafter_path is not None else None
-    return target, drafter, SpecSession(target, drafter, cfg)
+    try:
+        drafter = Model(drafter_path, drafter_cfg) if drafter_path is not None else None
+        try:
+            return target, drafter, SpecSession(target, drafter, cfg)
+        except BaseException:
+            if drafter is not None:
+                drafter.close()
+            raise
+    except BaseException:
+        target.close()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,17 +177,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe_decoding(info) -> str:
-    """'draft-simple n_max=3', or 'plain decoding' for a session without speculation."""
+    """'draft-simple n_max=3 adaptive', or 'plain decoding' for a session without speculation."""
     if not info.spec_types:
         return "plain decoding"
-    return f"{','.join(info.spec_types)} n_max={info.n_max_effective}"
+    return f"{','.join(info.spec_types)} n_max={info.n_max_effective}" + (" adaptive" if info.adaptive else " fixed")
 
 
 def print_stats_line(session, st, label: str = "") -> None:
-    speculative = bool(session.info.spec_types)
-    drafting = (f", acceptance {st.acceptance:.2f}, AL {st.mean_accepted_length:.2f}, "
-                f"rollbacks {st.rollback_paths or ['none']}") if speculative else ""
-    print(f"[{label}{describe_decoding(session.info)}] {st.n_generated} tokens, {st.tokens_per_second:.2f} tok/s"
+    info = session.info
+    speculative = bool(info.spec_types)
+    drafting = ""
+    if speculative:
+        drafting = (f", acceptance {st.acceptance:.2f}, AL {st.mean_accepted_length:.2f}, "
+                    f"rollbacks {st.rollback_paths or ['none']}")
+        if st.speedup_vs_plain > 0:
+            # the session's own cost model: what plain decoding of these tokens would have taken here
+            drafting += (f", plain ~{st.estimated_plain_tokens_per_second:.2f} tok/s (est.), "
+                         f"speedup ~{st.speedup_vs_plain:.2f}x")
+        if info.adaptive and st.k_histogram:
+            steps = sum(st.k_histogram)
+            drafting += f", {100.0 * st.k_histogram[0] / steps:.0f}% plain steps" if steps else ""
+    synthetic = " SYNTHETIC ACCEPTANCE, not the model's output" if info.synthetic else ""
+    print(f"[{label}{describe_decoding(info)}{synthetic}] {st.n_generated} tokens, {st.tokens_per_second:.2f} tok/s"
           f"{drafting}", file=sys.stderr)
 
 

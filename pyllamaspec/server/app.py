@@ -1,0 +1,539 @@
+"""OpenAI-compatible HTTP endpoints (and llama-server's /health, /tokenize, /detokenize, /metrics) over one
+Engine. The model loads in a thread after the port is open: /health answers 503 until it is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..errors import ConfigError
+from .engine import STARTED, Delta, Engine, Final, Job, Sampling
+from .metrics import ServerMetrics
+from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                      loading_error)
+
+log = logging.getLogger("pyllamaspec.server")
+
+FINGERPRINT = f"pyllamaspec-{__version__}"
+
+
+@dataclass
+class Loaded:
+    """What a loader returns: the models and the session the server owns (and closes) from then on."""
+
+    target: Any
+    drafter: Any
+    session: Any
+
+
+class ServerState:
+    def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
+                 metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
+                 on_fatal: Callable[[], None] | None = None) -> None:
+        self.loader = loader
+        self.alias = alias
+        self.queue_size = queue_size
+        self.chat_template = chat_template
+        self.on_fatal = on_fatal
+        self.status = "loading"           # loading -> ready -> draining -> closed; or failed
+        self.load_error: BaseException | None = None
+        self.loaded: Loaded | None = None
+        self.engine: Engine | None = None
+        self.model_name = alias or ""
+        self.model_names: set[str] = set()
+        self.created = int(time.time())
+        self.template: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._loader: threading.Thread | None = None
+        self.metrics = ServerMetrics(metrics_prefix, running=lambda: self.engine.n_running if self.engine else 0,
+                                     waiting=lambda: self.engine.n_waiting if self.engine else 0)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def start_loading(self) -> None:
+        self._loader = threading.Thread(target=self._load, name="pyllamaspec-load", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        loaded = None
+        try:
+            loaded = self.loader()
+            template = self._pick_template(loaded.target)
+            n_parallel = loaded.session.info.n_parallel
+            queue_size = self.queue_size if self.queue_size is not None else 4 * n_parallel
+            engine = Engine(loaded.session, loaded.target, queue_size=queue_size, metrics=self.metrics)
+        except BaseException as e:
+            if loaded is not None:
+                _close_loaded(loaded)
+            self.load_error = e
+            self.status = "failed"
+            log.error("loading failed: %s", e)
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        with self._lock:
+            self.loaded = loaded
+            if self.status != "loading":  # shut down while loading
+                _close_loaded(loaded)
+                return
+            self.template = template
+            path = loaded.target.path
+            self.model_name = self.alias or path.stem
+            self.model_names = {self.model_name, path.name, path.stem}
+            self.engine = engine
+            engine.start()
+            self.status = "ready"
+        info = loaded.session.info
+        log.info("model '%s' ready: %s, n_parallel=%d, n_ctx=%d, queue %d", self.model_name,
+                 ",".join(info.spec_types) or "no drafting", info.n_parallel, info.n_ctx, queue_size)
+
+    def _pick_template(self, target) -> str | None:
+        """The model's own chat template, or llama-server's fallback (chatml) when it has none or llama.cpp's
+        built-in formatter does not know it."""
+        if self.chat_template is not None:
+            target.apply_chat_template([{"role": "user", "content": "x"}], template=self.chat_template)
+            return self.chat_template
+        if target.chat_template is None:
+            log.info("the model has no chat template: using chatml")
+            return "chatml"
+        try:
+            target.apply_chat_template([{"role": "user", "content": "x"}])
+        except ConfigError as e:
+            log.warning("%s; using chatml", e)
+            return "chatml"
+        return None
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting; requests in flight end with 503 (any thread except inside a signal handler)."""
+        with self._lock:
+            if self.status in ("loading", "ready"):
+                self.status = "draining"
+            engine = self.engine
+        if engine is not None:
+            engine.begin_shutdown()
+
+    def close(self) -> None:
+        """Drain, stop the engine thread, close the session and the models. Idempotent."""
+        self.begin_shutdown()
+        if self._loader is not None:
+            self._loader.join()
+        with self._lock:
+            if self.status == "closed":
+                return
+            engine, loaded = self.engine, self.loaded
+            self.status = "closed" if self.status != "failed" else "failed"
+            self.engine = None
+        if engine is not None:
+            engine.close()
+        if loaded is not None and engine is not None:
+            _close_loaded(loaded)
+            log.info("session closed")
+
+    # -- what the handlers use ---------------------------------------------------------------
+
+    def require_ready(self) -> Engine:
+        status, engine = self.status, self.engine
+        if status == "loading":
+            raise loading_error()
+        if status == "draining" or status == "closed":
+            raise APIError(503, "the server is shutting down", "unavailable_error")
+        if status == "failed" or engine is None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
+        return engine
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
+                           param="model", code="model_not_found")
+
+    def check_tokens(self, tokens: list[int], param: str) -> None:
+        n_vocab = self.loaded.target.info.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param=param)
+
+    def chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+        target = self.loaded.target
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = target.apply_chat_template(messages, add_generation_prompt=True, template=self.template)
+        except ConfigError as e:
+            raise APIError(400, str(e), param="messages") from None
+        return target.tokenize(text)
+
+    def completion_tokens(self, req: CompletionRequest) -> list[int]:
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) > 1:
+                raise APIError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
+                               param="prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if isinstance(prompt, str):
+            return self.loaded.target.tokenize(prompt)
+        tokens = list(prompt)
+        self.check_tokens(tokens, "prompt")
+        return tokens
+
+
+def _close_loaded(loaded: Loaded) -> None:
+    loaded.session.close()
+    for m in (loaded.drafter, loaded.target):
+        if m is not None:
+            m.close()
+
+
+# -- wire formats -----------------------------------------------------------------------------------
+
+
+def _sampling(req) -> Sampling:
+    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
+    seed = 0xFFFFFFFF if req.seed == -1 else req.seed
+    return Sampling(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+                    seed=seed, stop=tuple(req.stop_strings()), **req.draft_settings())
+
+
+def _sse(obj) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class _SSEResponse(StreamingResponse):
+    """Server-sent events; the generator is closed however the response ends (its finally cancels the job)."""
+
+    media_type = "text/event-stream"
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _until_disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(awaitable, request: Request):
+    """Await `awaitable`; raise ClientGone if the client disconnects first."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+    if task.done():
+        return task.result()
+    raise ClientGone()
+
+
+class _Generation:
+    """One chat or text completion: the response bodies of both kinds, streamed or whole."""
+
+    def __init__(self, state: ServerState, req, kind: str) -> None:
+        self.state = state
+        self.req = req
+        self.chat = kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def _envelope(self, choices: list, **extra) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
+               "system_fingerprint": FINGERPRINT, "choices": choices}
+        if self.include_usage:
+            out["usage"] = None
+        out.update(extra)
+        return out
+
+    def _choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if self.req.return_tokens:
+            c["tokens"] = tokens
+        return c
+
+    async def stream(self, job: Job) -> AsyncIterator[bytes]:
+        engine = self.state.engine
+        try:
+            if self.chat:
+                yield _sse(self._envelope([self._choice(None, [], None, role=True)]))
+            while True:
+                item = await job.queue.get()
+                if isinstance(item, Delta):
+                    if item.text or self.req.return_tokens:   # text held back (a stop string may begin): no chunk
+                        yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
+                elif isinstance(item, Final):
+                    if item.text or (item.tokens and self.req.return_tokens):
+                        yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
+                    yield _sse(self._envelope([self._choice(None, [], item.finish_reason)], timings=item.timings))
+                    if self.include_usage:
+                        yield _sse(self._envelope([], usage=item.usage, timings=item.timings))
+                    yield _sse("[DONE]")
+                    return
+                elif isinstance(item, APIError):
+                    yield _sse(item.body())
+                    return
+        finally:
+            engine.cancel(job)  # the client went away (or the stream ended: then a no-op)
+
+    async def collect(self, job: Job) -> dict:
+        texts, tokens = [], []
+        while True:
+            item = await job.queue.get()
+            if isinstance(item, APIError):
+                raise item
+            texts.append(item.text)
+            tokens.extend(item.tokens)
+            if isinstance(item, Final):
+                break
+        text = "".join(texts)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": item.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": item.finish_reason}
+        if self.req.return_tokens:
+            choice["tokens"] = tokens
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.model_name, "system_fingerprint": FINGERPRINT,
+                "choices": [choice], "usage": item.usage, "timings": item.timings}
+
+
+async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int]) -> Response:
+    engine = state.require_ready()
+    prompt_param = "messages" if kind == "chat" else "prompt"
+    job = Job(tokens, _sampling(req), asyncio.get_running_loop(), prompt_param)
+    engine.submit(job)
+    gen = _Generation(state, req, kind)
+    try:
+        first = await _unless_disconnected(job.queue.get(), request)
+        if isinstance(first, APIError):
+            raise first
+        assert first is STARTED
+        if req.stream:
+            return _SSEResponse(gen.stream(job), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await _unless_disconnected(gen.collect(job), request))
+    except ClientGone:
+        engine.cancel(job)
+        return Response(status_code=499)
+    except BaseException:
+        engine.cancel(job)
+        raise
+
+
+# -- the application --------------------------------------------------------------------------------
+
+
+def _param(loc: tuple) -> str | None:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not out:
+            out = str(p)
+        elif p in ("str", "list[str]", "list[int]", "int", "float", "bool") or "[" in str(p) or "-" in str(p):
+            continue  # pydantic's name of a union member, not a field
+        else:
+            out += f".{p}"
+    return out or None
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class _JSONBodies:
+    """Read every POST body as JSON, whatever its Content-Type says (curl -d sends a form type), as
+    llama-server does."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+
+class _APIKey:
+    """`Authorization: Bearer KEY` (or `X-Api-Key: KEY`) on every endpoint but /health and the model list, as
+    llama-server's --api-key asks."""
+
+    PUBLIC = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.PUBLIC:
+            headers = dict(scope["headers"])
+            given = headers.get(b"x-api-key") or headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
+            if not hmac.compare_digest(given, self.key):
+                err = APIError(401, "Invalid API Key", "authentication_error", code="invalid_api_key")
+                await _error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
+               metrics_prefix: str = "pyllamaspec", chat_template: str | None = None, api_key: str | None = None,
+               on_fatal: Callable[[], None] | None = None) -> FastAPI:
+    """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
+    `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
+    state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
+                        chat_template=chat_template, on_fatal=on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        state.loop = asyncio.get_running_loop()
+        state.start_loading()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.close)
+
+    app = FastAPI(title="pyllamaspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = state
+    app.add_middleware(_JSONBodies)
+    if api_key:
+        app.add_middleware(_APIKey, key=api_key)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            return _error_response(APIError(400, "the request body is not valid JSON: "
+                                                 f"{first.get('ctx', {}).get('error', first['msg'])}"))
+        param = _param(tuple(first.get("loc", ())))
+        msg = first.get("msg", "invalid value")
+        if first.get("type") == "missing" and param:
+            msg = f"'{param}' is required"
+        elif param:
+            msg = f"{msg} ({param})"
+        elif first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+            msg = "the request body must be a JSON object"
+        return _error_response(APIError(400, msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request, exc: StarletteHTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        return _error_response(APIError(exc.status_code, str(exc.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request, exc: Exception):
+        log.exception("unexpected error")
+        return _error_response(APIError(500, f"internal error: {exc}", "server_error"))
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        if state.status == "loading":
+            return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                                status_code=503)
+        if state.status != "ready":
+            return JSONResponse({"error": {"code": 503, "message": "Server is not available: " + state.status,
+                                           "type": "unavailable_error"}}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        state.require_ready()
+        t = state.loaded.target
+        info = state.loaded.session.info
+        return {"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "pyllamaspec",
+            "meta": {"n_vocab": t.info.n_vocab, "n_ctx_train": t.info.n_ctx_train, "n_embd": t.info.n_embd,
+                     "n_params": t.info.n_params, "size": t.info.size_bytes, "n_ctx": info.n_ctx,
+                     "n_parallel": info.n_parallel, "spec_types": list(info.spec_types),
+                     "n_max": info.n_max_effective}}]}
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        state.require_ready()
+        state.check_model(req.model)
+        tokens = await run_in_threadpool(state.chat_tokens, req)
+        return await _generate(state, request, req, "chat", tokens)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        state.require_ready()
+        state.check_model(req.model)
+        tokens = await run_in_threadpool(state.completion_tokens, req)
+        return await _generate(state, request, req, "text", tokens)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        state.require_ready()
+        target = state.loaded.target
+
+        def work():
+            tokens = target.tokenize(req.content, add_special=req.add_special)
+            if not req.with_pieces:
+                return {"tokens": tokens}
+            pieces = []
+            for t in tokens:
+                b = target.token_bytes(t)
+                try:
+                    piece = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(b)
+                pieces.append({"id": t, "piece": piece})
+            return {"tokens": pieces}
+
+        return await run_in_threadpool(work)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        state.require_ready()
+        state.check_tokens(req.tokens, "tokens")
+        return {"content": await run_in_threadpool(state.loaded.target.detokenize, req.tokens)}
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app

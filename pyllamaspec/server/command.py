@@ -1,0 +1,160 @@
+"""The `serve` command: llama-server's flags for the model and session (shared with `generate`), plus the HTTP
+ones. The port opens first; the model loads behind it while /health answers 503."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+
+DESCRIPTION = """\
+Serve a target (and drafter) over HTTP: OpenAI's /v1/chat/completions and /v1/completions (streamed or
+not), /v1/models, /health, /tokenize, /detokenize and Prometheus /metrics. Up to -np requests generate
+together in one batch; --queue-size more wait for a slot, and beyond that requests get 429."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from ..cli.generate import add_memory_check_flag, add_session_flags
+
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (pip install 'pyllamaspec[server]')",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_session_flags(p)
+    g = p.add_argument_group("server")
+    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="requests generated together in one batch; n_ctx is shared among them (default: 4)")
+    add_memory_check_flag(g)
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080; 0: any free port)")
+    g.add_argument("-a", "--alias", default=None,
+                   help="model name clients use (default: the target file's name without .gguf)")
+    g.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` (all endpoints but /health and /v1/models)")
+    g.add_argument("--queue-size", type=int, default=None,
+                   help="requests that may wait for a slot before new ones get 429 (default 4 x -np)")
+    g.add_argument("--chat-template", default=None,
+                   help="a llama.cpp built-in template name (chatml, llama3, ...) instead of the model's own")
+    g.add_argument("--metrics", action="store_true", help="accepted for llama-server's command lines; /metrics is "
+                                                          "always served")
+    g.add_argument("--metrics-prefix", default="pyllamaspec",
+                   help="prefix of the Prometheus metric names (default pyllamaspec; 'llamacpp' matches "
+                        "llama-server's dashboards)")
+    g.add_argument("--timeout-graceful-shutdown", type=float, default=10.0,
+                   help="seconds to wait for open connections at shutdown (default 10)")
+    p.set_defaults(func=run)
+
+
+def _load(args):
+    from ..cli.generate import open_session
+    from .app import Loaded
+
+    return Loaded(*open_session(args))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as e:
+        print(f"pyllamaspec: error: `serve` needs the server extra ({e.name} is missing): "
+              f"pip install 'pyllamaspec[server]'", file=sys.stderr)
+        return 2
+    from ..errors import ConfigError
+
+    if args.parallel is None:
+        args.parallel = 4
+    if args.queue_size is not None and args.queue_size < 0:
+        raise ConfigError(f"--queue-size {args.queue_size} must be >= 0")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port} must be within 0..65535")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    logging.getLogger("pyllamaspec.server").setLevel(logging.INFO)
+
+    server_box: list = []
+
+    def on_fatal() -> None:
+        if server_box:
+            server_box[0].should_exit = True
+
+    app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,
+                     metrics_prefix=args.metrics_prefix, chat_template=args.chat_template,
+                     api_key=args.api_key, on_fatal=on_fatal)
+    state = app.state.server
+    config = uvicorn.Config(app, log_level="info", lifespan="on",
+                            timeout_graceful_shutdown=args.timeout_graceful_shutdown)
+    server = _Server(config, state)
+    server_box.append(server)
+    sock = _bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"pyllamaspec serve: listening on http://{shown}:{port}", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        state.close()   # when uvicorn stopped without its lifespan shutdown (a second Ctrl-C)
+    if state.load_error is not None:
+        err = state.load_error
+        print(f"pyllamaspec: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, with SIGINT/SIGTERM first telling the engine to stop admitting and to end what runs
+        (so open streams end and uvicorn's wait for connections is short), and a clean exit status after."""
+
+        def __init__(self, config, state) -> None:
+            super().__init__(config)
+            self._state = state
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame) -> None:
+            # a signal handler runs between two bytecodes of the loop's own thread: only schedule the work
+            loop = self._state.loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._state.begin_shutdown)
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            else:
+                self.should_exit = True
+
+    return Server
+
+
+def _Server(config, state):
+    return _server_class()(config, state)

@@ -1,0 +1,433 @@
+"""One thread owns the session and steps its running batch; requests join and leave through it.
+
+HTTP handlers (on the asyncio loop) only touch Python state here: submit() queues a Job, cancel() flags one.
+The engine thread admits queued jobs into free slots (SpecSession.submit), steps the batch
+(SpecSession.step_sequences, the GIL released inside), turns each step's tokens into UTF-8-safe text cut at
+stop strings, and hands the results to each job's asyncio queue with loop.call_soon_threadsafe. With
+nothing to run it sleeps on a condition variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError, ContextOverflowError, PyllamaspecError, SessionBusyError
+from .schemas import APIError
+
+log = logging.getLogger("pyllamaspec.server")
+
+# the session's finish reasons as OpenAI names them ('stopped' is a cancel: the engine names that itself)
+FINISH_REASONS = {"eog": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's generation settings; None: the session's."""
+
+    n_predict: int = -1
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+    stop: tuple[str, ...] = ()
+
+    def submit_kwargs(self) -> dict:
+        names = ("temp", "top_k", "top_p", "min_p", "seed", "n_max", "n_min", "p_min")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+class Started:
+    """The job holds a slot: its prompt is being processed."""
+
+
+STARTED = Started()
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Final:
+    finish_reason: str            # stop, length
+    text: str                     # the last piece of text (may be empty)
+    tokens: list[int]
+    usage: dict
+    timings: dict
+
+
+class StopMatcher:
+    """Cuts text at the first stop string, also when one spans several pieces: text that could still grow
+    into a stop string is held back until it cannot."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text that is safe to send now, whether a stop string was found)."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        keep = 0
+        for k in range(min(len(self.pending), self.longest - 1), 0, -1):
+            tail = self.pending[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                keep = k
+                break
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+_ids = itertools.count(1)
+
+
+class Job:
+    """One request's generation, from its arrival to its end. The engine thread alone changes it once it is
+    admitted; the asyncio side reads what arrives on `queue`."""
+
+    def __init__(self, tokens: list[int], sampling: Sampling, loop: asyncio.AbstractEventLoop,
+                 prompt_param: str = "prompt") -> None:
+        self.id = next(_ids)
+        self.tokens = tokens
+        self.sampling = sampling
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.prompt_param = prompt_param
+        self.slot: int | None = None
+        self.done = False
+        self.cancel_requested = False
+        self.shutdown = False
+        self.t_arrival = time.perf_counter()
+        self.t_admitted: float | None = None
+        self.t_first: float | None = None
+        self.n_generated = 0
+        self.n_drafted = 0
+        self.n_accepted = 0
+        self.prompt_counted = False
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.stops = StopMatcher(sampling.stop)
+
+    def push(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass
+class _Step:
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, session, target, *, queue_size: int, metrics=None) -> None:
+        if queue_size < 0:
+            raise ConfigError(f"queue_size={queue_size} must be >= 0")
+        self.session = session
+        self.target = target
+        self.n_parallel = session.info.n_parallel
+        self.queue_size = queue_size
+        self.metrics = metrics
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._running: dict[int, Job] = {}     # slot -> job; a slot is held until the session reports its end
+        self._cancels: list[Job] = []
+        self._draining = False
+        self._pieces: dict[int, bytes] = {}
+        self._thread = threading.Thread(target=self._run, name="pyllamaspec-engine", daemon=True)
+
+    # -- any thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def n_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse it: 503 while shutting down, 429 when the queue is full."""
+        with self._cv:
+            if self._draining:
+                reason, err = "draining", APIError(503, "the server is shutting down", "unavailable_error")
+            elif len(self._waiting) + len(self._running) >= self.n_parallel + self.queue_size:
+                reason = "queue_full"
+                err = APIError(429, f"all {self.n_parallel} slots are busy and {self.queue_size} requests are "
+                                    f"waiting; retry later", "rate_limit_exceeded", code="rate_limit_exceeded",
+                               headers={"Retry-After": "1"})
+            else:
+                self._waiting.append(job)
+                self._cv.notify()
+                return
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason=reason).inc()
+        raise err
+
+    def cancel(self, job: Job) -> None:
+        """The client has gone: end the job at the next step (a no-op for a finished job)."""
+        with self._cv:
+            if job.done or job.cancel_requested:
+                return
+            job.cancel_requested = True
+            if job in self._waiting:
+                self._waiting.remove(job)
+                job.done = True
+            else:
+                self._cancels.append(job)
+                self._cv.notify()
+                return
+        self._count_finished("cancelled")
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting; end what waits and what runs with 503. The thread exits once the slots are free."""
+        with self._cv:
+            if self._draining:
+                return
+            self._draining = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            for job in self._running.values():
+                job.shutdown = True
+                self._cancels.append(job)
+            self._cv.notify_all()
+        for job in waiting:
+            self._fail(job, _shutdown_error(), "shutdown")
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Drain, join the thread, close the session."""
+        self.begin_shutdown()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the engine thread did not stop within %.0f s; closing the session anyway", timeout)
+        self.session.close()
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._waiting or self._running or self._cancels or self._draining):
+                    self._cv.wait()
+                if self._draining and not self._running and not self._waiting and not self._cancels:
+                    return
+                cancels, self._cancels = self._cancels, []
+                admit = []
+                while self._waiting and len(self._running) + len(admit) < self.n_parallel:
+                    admit.append(self._waiting.popleft())
+            try:
+                for job in cancels:
+                    self._cancel_running(job)
+                for job in admit:
+                    self._admit(job)
+                if self._running:
+                    self._step()
+            except Exception as e:  # a bug here must not leave clients waiting forever
+                log.exception("engine step failed")
+                self._abort_all(APIError(500, f"internal error: {e}", "server_error"), slots_freed=False)
+
+    def _admit(self, job: Job) -> None:
+        if job.cancel_requested:
+            job.done = True
+            self._count_finished("cancelled")
+            return
+        if self._draining:
+            self._fail(job, _shutdown_error(), "shutdown")
+            return
+        try:
+            slot = self.session.submit(job.tokens, job.sampling.n_predict, **job.sampling.submit_kwargs())
+        except ContextOverflowError as e:
+            self._fail(job, APIError(400, str(e), param=job.prompt_param, code="context_length_exceeded"), "error")
+            return
+        except SessionBusyError:
+            if self._running:    # a slot not yet reported free: try again after the next step
+                with self._cv:
+                    self._waiting.appendleft(job)
+                return
+            self._fail(job, APIError(503, "no free slot", "unavailable_error"), "error")
+            return
+        except ConfigError as e:
+            self._fail(job, APIError(400, str(e), param=job.prompt_param), "error")
+            return
+        job.slot = slot
+        job.t_admitted = time.perf_counter()
+        with self._cv:
+            self._running[slot] = job
+        job.push(STARTED)
+
+    def _cancel_running(self, job: Job) -> None:
+        if self._running.get(job.slot) is not job:
+            return  # already ended (its slot may hold another job now)
+        self.session.cancel(job.slot)
+        if job.shutdown and not job.done:
+            self._fail(job, _shutdown_error(), "shutdown")
+
+    def _step(self) -> None:
+        busy = len(self._running)
+        try:
+            events, _left = self.session.step_sequences()
+        except PyllamaspecError as e:
+            # a failed step ends every sequence and frees every slot
+            log.error("generation failed: %s", e)
+            self._abort_all(APIError(500, f"generation failed: {e}", "server_error"), slots_freed=True)
+            return
+        if self.metrics is not None:
+            self.metrics.step(busy)
+        for e in events:
+            job = self._running.get(e.slot)
+            if job is None:
+                continue
+            self._on_event(job, e)
+            if e.finish_reason is not None:
+                with self._cv:
+                    del self._running[e.slot]
+
+    def _piece(self, token: int) -> bytes:
+        b = self._pieces.get(token)
+        if b is None:
+            b = self._pieces[token] = self.target.token_bytes(token)
+        return b
+
+    def _on_event(self, job: Job, e) -> None:
+        m = self.metrics
+        now = time.perf_counter()
+        if job.done:
+            return  # ended by a stop string or shutdown: its slot frees when this event says so
+        if e.n_drafted:
+            job.n_drafted += e.n_drafted
+            job.n_accepted += e.n_accepted
+            if m is not None:
+                m.draft(e.n_drafted, e.n_accepted)
+        if e.tokens and job.t_first is None:
+            job.t_first = now
+            self._count_prompt(job, now)
+            if m is not None:
+                m.ttft.observe(now - job.t_arrival)
+        step = _Step()
+        finish = None
+        for t in e.tokens:
+            job.n_generated += 1
+            step.tokens.append(t)
+            text, hit = job.stops.feed(job.decoder.decode(self._piece(t)))
+            step.text.append(text)
+            if hit:
+                finish = "stop"
+                break
+        if m is not None and step.tokens:
+            m.tokens_predicted.inc(len(step.tokens))
+        if finish is None and e.finish_reason is not None:
+            if e.finish_reason == "stopped":
+                job.done = True     # cancelled by its client
+                self._count_finished("cancelled")
+                return
+            if e.finish_reason == "error" or e.finish_reason not in FINISH_REASONS:
+                self._fail(job, APIError(500, "generation failed", "server_error"), "error")
+                return
+            text, hit = job.stops.feed(job.decoder.decode(b"", final=True))
+            step.text.append(text)
+            if not hit:
+                step.text.append(job.stops.flush())
+            finish = "stop" if hit else FINISH_REASONS[e.finish_reason]
+        if finish is not None:
+            if e.finish_reason is None:
+                self.session.cancel(job.slot)   # a stop string ended it: free the slot at the next step
+            self._complete(job, finish, "".join(step.text), step.tokens, now)
+        elif step.tokens:
+            job.push(Delta("".join(step.text), step.tokens))
+
+    def _count_prompt(self, job: Job, now: float) -> None:
+        if job.prompt_counted:
+            return
+        job.prompt_counted = True
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(job.tokens))
+            self.metrics.prompt_seconds.inc(now - (job.t_admitted or now))
+
+    def _complete(self, job: Job, finish: str, text: str, tokens: list[int], now: float) -> None:
+        self._count_prompt(job, now)
+        t_first = job.t_first if job.t_first is not None else now
+        prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
+        predicted_ms = (now - t_first) * 1000.0
+        n_prompt = len(job.tokens)
+        timings = {
+            "cache_n": 0,
+            "prompt_n": n_prompt,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+            "prompt_per_second": n_prompt / prompt_ms * 1000.0 if prompt_ms > 0 else 0.0,
+            "predicted_n": job.n_generated,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / job.n_generated if job.n_generated else 0.0,
+            "predicted_per_second": job.n_generated / predicted_ms * 1000.0 if predicted_ms > 0 else 0.0,
+            "draft_n": job.n_drafted,
+            "draft_n_accepted": job.n_accepted,
+        }
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": job.n_generated,
+                 "total_tokens": n_prompt + job.n_generated}
+        job.done = True
+        if self.metrics is not None:
+            self.metrics.tokens_predicted_seconds.inc(predicted_ms / 1000.0)
+        self._count_finished(finish)
+        job.push(Final(finish, text, tokens, usage, timings))
+
+    def _fail(self, job: Job, err: APIError, reason: str) -> None:
+        job.done = True
+        self._count_finished(reason)
+        job.push(err)
+
+    def _count_finished(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.finished.labels(finish_reason=reason).inc()
+
+    def _abort_all(self, err: APIError, slots_freed: bool) -> None:
+        """Fail every running job. When the session still holds their sequences, cancel them: the slots free
+        at the next steps, as the session reports each end."""
+        with self._cv:
+            jobs = list(self._running.values())
+            if slots_freed:
+                self._running.clear()
+        for job in jobs:
+            if not job.done:
+                self._fail(job, err, "error")
+            if not slots_freed:
+                try:
+                    self.session.cancel(job.slot)
+                except PyllamaspecError:
+                    pass
+
+
+def _shutdown_error() -> APIError:
+    return APIError(503, "the server is shutting down", "unavailable_error")

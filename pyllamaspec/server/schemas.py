@@ -1,0 +1,128 @@
+"""What travels over the wire: request bodies (validated strictly) and OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import MAX_DRAFT
+
+INT32_MAX = 2 ** 31 - 1
+
+
+class APIError(Exception):
+    """An error answered with an HTTP status and OpenAI's error object
+    ({"error": {"message", "type", "param", "code"}})."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", *, param: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def loading_error() -> APIError:
+    """llama-server's answer while the model loads (its exact body: code 503, no param)."""
+    return APIError(503, "Loading model", "unavailable_error", code=503)
+
+
+class _Strict(BaseModel):
+    # strict: "10" is not an int and 1 is not a bool; unknown fields are ignored
+    model_config = ConfigDict(strict=True, populate_by_name=True, extra="ignore")
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+DraftLength = Annotated[int, Field(ge=0, le=MAX_DRAFT)]
+
+
+class SpeculativeParams(_Strict):
+    """Per-request draft settings, as llama-server accepts them (also as top-level "speculative.n_max" etc.)."""
+
+    n_max: DraftLength | None = None
+    n_min: DraftLength | None = None
+    p_min: Probability | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Generation(_Strict):
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=0, le=2 ** 30)] | None = None
+    min_p: Probability | None = None
+    seed: Annotated[int, Field(ge=-1, le=0xFFFFFFFF)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    speculative: SpeculativeParams | None = None
+    speculative_n_max: DraftLength | None = Field(None, alias="speculative.n_max")
+    speculative_n_min: DraftLength | None = Field(None, alias="speculative.n_min")
+    speculative_p_min: Probability | None = Field(None, alias="speculative.p_min")
+    return_tokens: bool = False      # llama-server's extension: the generated token ids in each choice
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        return [s for s in stops if s]
+
+    def draft_settings(self) -> dict:
+        """n_max / n_min / p_min given by the request (the dotted keys win over the nested object)."""
+        nested = self.speculative or SpeculativeParams()
+        out = {"n_max": self.speculative_n_max if self.speculative_n_max is not None else nested.n_max,
+               "n_min": self.speculative_n_min if self.speculative_n_min is not None else nested.n_min,
+               "p_min": self.speculative_p_min if self.speculative_p_min is not None else nested.p_min}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Generation):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class CompletionRequest(_Generation):
+    # a text, token ids, or a list of one of either (one prompt per request)
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    echo: Literal[False] = False
+    suffix: None = None
+
+
+class TokenizeRequest(_Strict):
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    tokens: list[TokenId]
