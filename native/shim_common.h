@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 2
+#define PLS_ABI_VERSION 3
 
 struct pls_model {
     llama_model * model = nullptr;

@@ -108,10 +108,18 @@ def cmd_generate(args) -> int:
         args.parallel = len(prompts)
     elif args.parallel < len(prompts):
         raise ConfigError(f"{len(prompts)} prompts need -np {len(prompts)} or more (got -np {args.parallel})")
+    template = args.chat_template
+    if args.chat_template_file is not None:
+        if template is not None:
+            raise ConfigError("give --chat-template or --chat-template-file, not both")
+        template = Path(args.chat_template_file).read_text(encoding="utf-8")
+    thinking = {"on": True, "off": False, "auto": None}[args.reasoning]
+    if args.raw and (thinking is not None or template is not None):
+        raise ConfigError("--reasoning and --chat-template act through the chat template; drop --raw")
     target, drafter, session = open_session(args, margins=args.json)
     with session:
-        if not args.raw and target.chat_template:
-            prompts = [target.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        if not args.raw and (template is not None or target.chat_template):
+            prompts = [_chat_prompt(target, p, template, thinking) for p in prompts]
         if len(prompts) > 1:
             return _generate_streams(args, session, prompts)
         prompt = prompts[0]
@@ -128,6 +136,16 @@ def cmd_generate(args) -> int:
         print()
         _print_stats_line(session, session.stats())
     return 0
+
+
+def _chat_prompt(target, text: str, template: str | None, thinking: bool | None) -> str:
+    messages = [{"role": "user", "content": text}]
+    prompt = target.apply_chat_template(messages, template=template, enable_thinking=thinking)
+    if thinking is not None and prompt == target.apply_chat_template(messages, template=template,
+                                                                     enable_thinking=not thinking):
+        print(f"pyllamaspec: note: the chat template does not switch on enable_thinking; "
+              f"--reasoning {'on' if thinking else 'off'} changes nothing", file=sys.stderr)
+    return prompt
 
 
 def _print_stats_line(session, st, label: str = "") -> None:
@@ -180,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", action="append", default=None, help="read a prompt from a file (repeatable)")
     p.add_argument("-n", "--n-predict", type=int, default=256)
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
+    p.add_argument("-rea", "--reasoning", choices=["on", "off", "auto"], default="auto",
+                   help="enable_thinking for the chat template (auto: llama.cpp's default)")
+    p.add_argument("--chat-template", default=None, metavar="JINJA_TEMPLATE",
+                   help="a Jinja chat template to use instead of the model's")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE", help="read the chat template from FILE")
     p.add_argument("--json", action="store_true", help="one JSON object: text, tokens, margins, stats")
     p.set_defaults(func=cmd_generate)
 

@@ -25,7 +25,7 @@ typedef struct pls_session pls_session;
 
 /* ---- library ---------------------------------------------------------------------------- */
 
-/* Bumped whenever a struct below changes layout; Python refuses a library of another version. */
+/* Bumped whenever a struct or a function signature below changes; Python refuses a library of another version. */
 int32_t pls_abi_version(void);
 
 /* JSON text: backends compiled in, devices visible (name, description, type, free/total bytes). */
@@ -93,10 +93,22 @@ int32_t pls_tokenize(const pls_model * model, const char * text, int32_t text_le
 /* Bytes of one token (may be a partial UTF-8 sequence); returns length or -(needed). */
 int32_t pls_token_to_piece(const pls_model * model, int32_t token, char * buf, int32_t buf_size, int32_t special);
 int32_t pls_token_is_eog(const pls_model * model, int32_t token);
-/* Apply the model's chat template (or tmpl when not NULL); returns length or -(needed). */
-int32_t pls_chat_apply(const pls_model * model, const char * tmpl, const char * const * roles,
-                       const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
-                       char * buf, int32_t buf_size);
+/* Chat templates through upstream's Jinja engine (common/chat), as llama-server renders them. The messages are
+ * n_messages role/content pairs; tmpl (a Jinja template) replaces the model's own when not NULL; enable_thinking
+ * -1 keeps the engine's default (it passes enable_thinking = true), 0 off, 1 on (llama.cpp's --reasoning).
+ * Returns PLS_CHAT_OK with the prompt in buf and its length in *n_out; PLS_CHAT_BUFFER_TOO_SMALL with the size
+ * needed (NUL included) in *n_out; PLS_CHAT_NO_TEMPLATE when tmpl is NULL and the model has no template;
+ * PLS_CHAT_TEMPLATE_ERROR when the template cannot be parsed or rendered (err says why). */
+enum {
+    PLS_CHAT_OK = 0,
+    PLS_CHAT_BUFFER_TOO_SMALL = 1,
+    PLS_CHAT_NO_TEMPLATE = -1,
+    PLS_CHAT_TEMPLATE_ERROR = -2
+};
+int32_t pls_chat_format(const pls_model * model, const char * tmpl, const char * const * roles,
+                        const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
+                        int32_t enable_thinking, char * buf, int32_t buf_size, int32_t * n_out,
+                        char * err, size_t err_size);
 
 /* ---- sessions ---------------------------------------------------------------------------- */
 
