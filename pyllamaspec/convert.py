@@ -1163,27 +1163,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convert`` from parsed arguments; errors become one line on stderr and exit status 2."""
+    from .progress import Progress
+
     quiet = bool(getattr(args, "quiet", False))
-    tty = sys.stderr.isatty()
+    bar = Progress("converting", unit="tensors", enabled=not quiet)
 
     def progress(i: int, n: int, name: str) -> None:
-        if quiet:
-            return
-        if tty:
-            sys.stderr.write(f"\rconverting: {i}/{n} tensors" + (" " * 8 if i < n else "\n"))
-            sys.stderr.flush()
+        bar.update(i, n, note=name)
 
     try:
-        out = convert_dflash(
-            args.drafter_dir,
-            args.target,
-            args.out,
-            outtype=getattr(args, "outtype", "bf16") or "bf16",
-            force=bool(getattr(args, "force", False)),
-            source_repo=getattr(args, "source_repo", None),
-            source_revision=getattr(args, "source_revision", None),
-            progress=progress,
-        )
+        with bar:  # a failure ends the progress line before the error is printed
+            out = convert_dflash(
+                args.drafter_dir,
+                args.target,
+                args.out,
+                outtype=getattr(args, "outtype", "bf16") or "bf16",
+                force=bool(getattr(args, "force", False)),
+                source_repo=getattr(args, "source_repo", None),
+                source_revision=getattr(args, "source_revision", None),
+                progress=progress,
+            )
     except KeyboardInterrupt:
         sys.stderr.write("\npyllamaspec convert: interrupted; nothing written\n")
         return 130
