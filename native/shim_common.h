@@ -30,6 +30,10 @@ std::string take_last_error();
 void clear_last_error();
 
 void set_err(char * err, size_t err_size, const std::string & msg);
+// an observer of the log lines llama.cpp writes on the calling thread (e.g. the quantizer's per-tensor lines);
+// nullptr removes it
+using thread_log_hook = void (*)(void * user, ggml_log_level level, const char * text);
+void set_thread_log_hook(thread_log_hook hook, void * user);
 
 // copy a std::string into a C buffer; returns length, or -(needed) when it does not fit
 int32_t copy_out(const std::string & s, char * buf, int32_t buf_size);

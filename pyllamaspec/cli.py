@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
 from .errors import ConfigError, PyllamaspecError
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup (temp files, child processes) runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process outright
+    raise Terminated()
+
 
 DEFAULT_PROMPT = "Write a Python function that parses an ISO-8601 date string and returns a datetime, with tests"
 
@@ -216,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals to the host program
+        previous_sigterm = None
+    try:
         from . import _native
         if args.verbose:
             ffi, lib = _native.load()
@@ -227,9 +242,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\npyllamaspec: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("\npyllamaspec: terminated", file=sys.stderr)
+        return 143
     except OSError as e:
         print(f"pyllamaspec: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
 
 
 if __name__ == "__main__":

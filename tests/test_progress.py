@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from pyllamaspec import pypi_models
+from pyllamaspec import pypi_models, synth
 from pyllamaspec.progress import Progress
 
 
@@ -62,6 +63,18 @@ def test_disabled_work_writes_nothing_and_failed_work_no_final_line():
             bar.update(1)
             raise RuntimeError("boom")
     assert log.getvalue() == "failing: 25% (1/4)\n"
+
+
+def test_quantize_cli_reports_progress_on_stderr_only(tmp_path):
+    shape = synth.TargetShape(arch="qwen3", n_vocab=512, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512)
+    src = synth.write_target(tmp_path / "t.gguf", shape, seed=2)
+    out = subprocess.run(["pyllamaspec", "quantize", str(src), str(tmp_path / "q.gguf"), "--type", "Q8_0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "" and "\r" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("quantizing:")]
+    assert 2 <= len(lines) <= 4 and lines[-1].startswith("quantizing: 100%")
+    assert all(re.fullmatch(r"quantizing: +\d+% \(\d+/\d+ tensors\)", line) for line in lines)
 
 
 # --- the model fetch from PyPI, against a local package directory --------------------------------------------

@@ -298,9 +298,13 @@ int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_par
 /* ---- tools ------------------------------------------------------------------------------- */
 
 /* Requantize a GGUF through upstream's quantizer. ftype: a llama_ftype value. tensor_types:
- * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. Returns 0 or -1. */
+ * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. progress (may be NULL) is
+ * called on the calling thread as each tensor starts, with the tensors done so far and their total.
+ * Returns 0 or -1. */
+typedef void (*pls_progress_cb)(void * user_data, int32_t done, int32_t total);
 int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype, int32_t n_threads,
-                     int32_t allow_requantize, const char * tensor_types, char * err, size_t err_size);
+                     int32_t allow_requantize, const char * tensor_types, pls_progress_cb progress, void * user_data,
+                     char * err, size_t err_size);
 /* Name of a llama_ftype value (e.g. "Q4_0"); empty when unknown. */
 int32_t pls_ftype_name(int32_t ftype, char * buf, int32_t buf_size);
 
