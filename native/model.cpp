@@ -2,6 +2,7 @@
 #include "shim_common.h"
 
 #include "common.h"
+#include "chat.h"
 #include "llama-ext.h"   // staging API (C++ linkage): target layer ids, DFlash2 selector, output device
 #include "llama-arch.h"  // llm_arch_supports_rs_rollback
 #include "llama-model.h" // whether the model has its own LM head
@@ -315,20 +316,95 @@ extern "C" int32_t pls_token_is_eog(const pls_model * model, int32_t token) {
     return llama_vocab_is_eog(llama_model_get_vocab(model->model), token);
 }
 
-extern "C" int32_t pls_chat_apply(const pls_model * model, const char * tmpl, const char * const * roles,
-                                  const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
-                                  char * buf, int32_t buf_size) {
-    const char * t = tmpl ? tmpl : llama_model_chat_template(model->model, nullptr);
-    if (t == nullptr) {
-        return -0x7fffffff;  // no template: the caller reports it
+namespace {
+
+// role/content pairs as upstream's chat messages
+std::vector<common_chat_msg> chat_messages(const char * const * roles, const char * const * contents, int32_t n) {
+    std::vector<common_chat_msg> msgs(n);
+    for (int32_t i = 0; i < n; ++i) {
+        if (roles[i] == nullptr || contents[i] == nullptr) {
+            throw std::invalid_argument("message " + std::to_string(i) + " has no role or no content");
+        }
+        msgs[i].role = roles[i];
+        msgs[i].content = contents[i];
     }
-    std::vector<llama_chat_message> msgs(n_messages);
-    for (int32_t i = 0; i < n_messages; ++i) {
-        msgs[i] = { roles[i], contents[i] };
+    return msgs;
+}
+
+}  // namespace
+
+extern "C" int32_t pls_chat_format(const pls_model * model, const char * tmpl, const char * const * roles,
+                                   const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
+                                   int32_t enable_thinking, char * buf, int32_t buf_size, int32_t * n_out,
+                                   char * err, size_t err_size) {
+    if (n_out != nullptr) {
+        *n_out = 0;
     }
-    const int32_t n = llama_chat_apply_template(t, msgs.data(), msgs.size(), add_generation_prompt != 0, buf, buf_size);
-    if (n < 0) {
-        return -0x7ffffffe;  // template not supported by the built-in formatter
+    if (model == nullptr || n_out == nullptr || n_messages < 0 || (n_messages > 0 && (roles == nullptr || contents == nullptr))) {
+        pls::set_err(err, err_size, "invalid arguments: a model, n_out, and roles and contents for n_messages >= 0");
+        return PLS_ERR_INVALID;
     }
-    return n > buf_size ? -n : n;
+    pls::ensure_init();
+    const bool has_override = tmpl != nullptr && tmpl[0] != '\0';
+    const char * own = llama_model_chat_template(model->model, nullptr);
+    const char * own_tool_use = llama_model_chat_template(model->model, "tool_use");
+    if (!has_override && own == nullptr && own_tool_use == nullptr) {
+        // upstream would fall back to ChatML; a prompt in a format the model never saw is worse than an error
+        pls::set_err(err, err_size, "the model has no chat template");
+        return PLS_ERR_NO_TEMPLATE;
+    }
+    const std::string src = has_override ? tmpl : (own != nullptr ? own : own_tool_use);
+    try {
+        // parse first: upstream's init logs a parse error and rethrows it without its message
+        common_chat_template probe(src, "", "");
+    } catch (const std::exception & e) {
+        pls::set_err(err, err_size, std::string("cannot parse the chat template: ") + e.what());
+        return PLS_ERR_TEMPLATE;
+    } catch (...) {
+        pls::set_err(err, err_size, "cannot parse the chat template");
+        return PLS_ERR_TEMPLATE;
+    }
+    std::string prompt;
+    try {
+        common_chat_templates_ptr tmpls = common_chat_templates_init(model->model, has_override ? src : std::string());
+        common_chat_templates_inputs inputs;
+        inputs.messages = chat_messages(roles, contents, n_messages);
+        inputs.add_generation_prompt = add_generation_prompt != 0;
+        inputs.use_jinja = true;
+        if (enable_thinking >= 0) {
+            // as llama.cpp's --reasoning on|off: the flag and the template argument
+            inputs.enable_thinking = enable_thinking != 0;
+            inputs.chat_template_kwargs["enable_thinking"] = enable_thinking != 0 ? "true" : "false";
+        }
+        try {
+            // the path llama-server takes (a few model families adjust their messages there)
+            prompt = common_chat_templates_apply(tmpls.get(), inputs).prompt;
+        } catch (const std::exception &) {
+            // the output-parser generation can fail for a template that renders fine: render it as it is
+            inputs.force_pure_content = true;
+            prompt = common_chat_templates_apply(tmpls.get(), inputs).prompt;
+        }
+    } catch (const std::bad_alloc &) {
+        pls::set_err(err, err_size, "out of memory while rendering the chat template");
+        return PLS_ERR_MEMORY;
+    } catch (const std::exception & e) {
+        pls::set_err(err, err_size, std::string("cannot render the chat template: ") + e.what());
+        return PLS_ERR_TEMPLATE;
+    } catch (...) {
+        pls::set_err(err, err_size, "cannot render the chat template");
+        return PLS_ERR_TEMPLATE;
+    }
+    if (prompt.size() >= (size_t) INT32_MAX) {
+        pls::set_err(err, err_size, "the rendered prompt is larger than 2 GiB");
+        return PLS_ERR_TEMPLATE;
+    }
+    if (n_out != nullptr) {
+        *n_out = (int32_t) prompt.size();
+    }
+    if (buf == nullptr || buf_size <= (int32_t) prompt.size()) {
+        return PLS_OK;  // too small: the caller asks again with *n_out + 1 bytes
+    }
+    memcpy(buf, prompt.data(), prompt.size());
+    buf[prompt.size()] = '\0';
+    return PLS_OK;
 }

@@ -1,11 +1,42 @@
 // Requantization through upstream's quantizer, with per-tensor type overrides.
 #include "shim_common.h"
 
+#include <cstdio>
 #include <sstream>
 #include <strings.h>
 
+namespace {
+
+struct progress_sink {
+    pls_progress_cb cb;
+    void * user_data;
+};
+
+// the quantizer logs "[   i/   n] name - [shape], type = ..." on the calling thread as it starts tensor i
+void on_quantize_log(void * user, ggml_log_level /*level*/, const char * text) {
+    int done = 0;
+    int total = 0;
+    if (text != nullptr && text[0] == '[' && sscanf(text, "[%d/%d]", &done, &total) == 2 && total > 0) {
+        const progress_sink * sink = static_cast<const progress_sink *>(user);
+        sink->cb(sink->user_data, done - 1, total);
+    }
+}
+
+// removes the hook however the quantizer returns
+struct scoped_log_hook {
+    scoped_log_hook(pls::thread_log_hook hook, void * user) { pls::set_thread_log_hook(hook, user); }
+    ~scoped_log_hook() { pls::set_thread_log_hook(nullptr, nullptr); }
+};
+
+}  // namespace
+
 extern "C" int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype, int32_t n_threads,
-                                int32_t allow_requantize, const char * tensor_types, char * err, size_t err_size) {
+                                int32_t allow_requantize, const char * tensor_types, pls_progress_cb progress,
+                                void * user_data, char * err, size_t err_size) {
+    if (path_in == nullptr || path_out == nullptr) {
+        pls::set_err(err, err_size, "no input or output path given");
+        return -1;
+    }
     pls::ensure_init();
     pls::clear_last_error();
     llama_model_quantize_params qp = llama_model_quantize_default_params();
@@ -48,7 +79,9 @@ extern "C" int32_t pls_quantize(const char * path_in, const char * path_out, int
         qp.tt_overrides = overrides.data();
     }
     uint32_t rc = 1;
+    progress_sink sink = { progress, user_data };
     try {
+        scoped_log_hook hook(progress != nullptr ? on_quantize_log : nullptr, &sink);
         rc = llama_model_quantize(path_in, path_out, &qp);
     } catch (const std::exception & e) {
         pls::set_err(err, err_size, e.what());

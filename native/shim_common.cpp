@@ -14,6 +14,8 @@ std::atomic<int> g_log_level{0};  // errors only; -v raises it
 std::atomic<int64_t> g_graph_captures{0};
 std::atomic<int64_t> g_graph_resets{0};
 thread_local std::string t_last_error;
+thread_local pls::thread_log_hook t_log_hook = nullptr;
+thread_local void * t_log_hook_user = nullptr;
 
 // our 0..3 scale onto libllama-common's verbosity threshold
 int common_verbosity(int level) {
@@ -22,6 +24,9 @@ int common_verbosity(int level) {
 }
 
 void log_callback(ggml_log_level level, const char * text, void * /*user_data*/) {
+    if (t_log_hook != nullptr) {
+        t_log_hook(t_log_hook_user, level, text);
+    }
     if (level == GGML_LOG_LEVEL_ERROR) {
         // keep the message so a failed call can say why, not only that it failed
         std::string msg(text);
@@ -73,6 +78,11 @@ std::string take_last_error() {
 }
 
 void clear_last_error() { t_last_error.clear(); }
+
+void set_thread_log_hook(thread_log_hook hook, void * user) {
+    t_log_hook = hook;
+    t_log_hook_user = user;
+}
 
 void set_err(char * err, size_t err_size, const std::string & msg) {
     if (err == nullptr || err_size == 0) {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 3
+#define PLS_ABI_VERSION 4
 
 struct pls_model {
     llama_model * model = nullptr;
@@ -42,6 +42,10 @@ std::string take_last_error();
 void clear_last_error();
 
 void set_err(char * err, size_t err_size, const std::string & msg);
+// an observer of the log lines llama.cpp writes on the calling thread (e.g. the quantizer's per-tensor lines);
+// nullptr removes it
+using thread_log_hook = void (*)(void * user, ggml_log_level level, const char * text);
+void set_thread_log_hook(thread_log_hook hook, void * user);
 
 // process-wide counts of GPU graph captures and invalidations, read from ggml's debug log
 int64_t graph_captures();

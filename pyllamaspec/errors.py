@@ -21,6 +21,10 @@ class ConfigError(PyllamaspecError, ValueError):
     """A configuration value is out of range or contradicts another one."""
 
 
+class ChatTemplateError(ConfigError):
+    """A model has no chat template, or the template cannot be parsed or rendered for these messages."""
+
+
 class PairingError(PyllamaspecError):
     """A drafter cannot work with this target (hidden size, vocab, layer ids, mask token, arch)."""
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from . import _native
 from .config import SPLIT_MODES, ModelConfig
-from .errors import ConfigError, ModelLoadError
+from .errors import ChatTemplateError, ConfigError, ModelLoadError
 from .ggufinfo import check_model_file
 
 
@@ -101,6 +101,19 @@ def tokenize(ffi, lib, handle, text: str, add_special: bool = True, parse_specia
             break
         cap = -n
     raise ModelLoadError("tokenization failed")
+
+
+def _one_line(engine_error: str) -> str:
+    """The Jinja engine's multi-line report (a source excerpt with a caret) as one line: what and where."""
+    lines = [line.strip() for line in engine_error.splitlines() if line.strip().strip("-")]
+    what = next((line.removeprefix("Error:").strip() for line in lines if line.startswith("Error:")), None)
+    if what is None:
+        return " ".join(lines)
+    head = next((line for line in lines if not line.startswith(("While executing", "Error:", "..."))), "")
+    where = next((line for line in lines if line.startswith("While executing") and " at line " in line), None)
+    if where is not None:
+        what += " (" + where[where.index(" at line ") + 1:].removesuffix(":").removesuffix(" in source") + ")"
+    return f"{head} {what}" if head else what
 
 
 class Model:
@@ -200,27 +213,46 @@ class Model:
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            template: str | None = None) -> str:
-        """Format [{'role': ..., 'content': ...}] with the model's template (llama.cpp's built-in formatter)."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                            template: str | None = None, enable_thinking: bool | None = None) -> str:
+        """Format [{'role': ..., 'content': ...}] with the model's chat template (or `template`, Jinja source)
+        through llama.cpp's Jinja engine, as llama-server does. enable_thinking switches a template's reasoning
+        (thinking) mode on or off; None keeps llama.cpp's default (enable_thinking true). Raises
+        ChatTemplateError when there is no template or it cannot be rendered."""
         ffi = self._ffi
-        roles = [ffi.new("char[]", m["role"].encode()) for m in messages]
-        contents = [ffi.new("char[]", m["content"].encode()) for m in messages]
-        r_arr = ffi.new("char *[]", roles)
-        c_arr = ffi.new("char *[]", contents)
-        tmpl = ffi.new("char[]", template.encode()) if template else ffi.NULL
-        cap = sum(len(m["content"]) for m in messages) * 2 + 512
-        for _ in range(2):
+        roles, contents = [], []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ConfigError(f"message {i} is not a {{'role': str, 'content': str}} mapping")
+            for field in ("role", "content"):
+                if "\0" in m[field]:
+                    raise ConfigError(f"message {i}: its {field} contains a NUL character")
+            roles.append(ffi.new("char[]", m["role"].encode("utf-8")))
+            contents.append(ffi.new("char[]", m["content"].encode("utf-8")))
+        if template is not None and (not isinstance(template, str) or "\0" in template or not template.strip()):
+            raise ConfigError("template must be non-empty Jinja source text")
+        r_arr = ffi.new("char *[]", roles) if roles else ffi.NULL
+        c_arr = ffi.new("char *[]", contents) if contents else ffi.NULL
+        tmpl = ffi.new("char[]", template.encode("utf-8")) if template is not None else ffi.NULL
+        thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+        cap = sum(len(m["content"].encode("utf-8")) for m in messages) * 2 + (len(template) if template else 0) + 8192
+        n_out = ffi.new("int32_t *")
+        err = _native.ErrorBuffer(ffi)
+        for _ in range(3):
             buf = ffi.new("char[]", cap)
             with self._use() as h:
-                n = self._lib.pls_chat_apply(h, tmpl, r_arr, c_arr, len(messages), int(add_generation_prompt),
-                                             buf, cap)
-            if n == -0x7fffffff:
-                raise ConfigError(f"'{self.path.name}' has no chat template; format the prompt yourself")
-            if n == -0x7ffffffe:
-                raise ConfigError(f"the chat template of '{self.path.name}' is not one llama.cpp's built-in "
-                                  f"formatter knows; format the prompt yourself")
-            if n >= 0:
-                return bytes(ffi.buffer(buf, n)).decode("utf-8", "replace")
-            cap = -n + 1
-        raise ConfigError("chat template formatting failed")
+                rc = self._lib.pls_chat_format(h, tmpl, r_arr, c_arr, len(roles), int(add_generation_prompt),
+                                               thinking, buf, cap, n_out, err.buf, err.SIZE)
+            if rc == self._lib.PLS_OK:
+                if n_out[0] < cap:
+                    return bytes(ffi.buffer(buf, n_out[0])).decode("utf-8", "replace")
+                cap = n_out[0] + 4096  # a template may print the time, so leave room for a re-render
+                continue
+            if rc == self._lib.PLS_ERR_NO_TEMPLATE:
+                raise ChatTemplateError(f"'{self.path.name}' has no chat template; pass one (template=..., "
+                                        f"--chat-template) or format the prompt yourself (--raw)")
+            if rc == self._lib.PLS_ERR_TEMPLATE:
+                which = "the given chat template" if template is not None else f"the chat template of '{self.path.name}'"
+                raise ChatTemplateError(f"{which} cannot be applied: {_one_line(err.text)}")
+            _native.check(rc, err, ChatTemplateError)
+        raise ChatTemplateError("chat template formatting failed: its output kept growing")

@@ -323,8 +323,10 @@ class SpecSession:
         with self._handle.use():
             return token_bytes(self._ffi, self._lib, self._model_ptr, token)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        return self.target.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            template: str | None = None, enable_thinking: bool | None = None) -> str:
+        return self.target.apply_chat_template(messages, add_generation_prompt, template=template,
+                                               enable_thinking=enable_thinking)
 
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

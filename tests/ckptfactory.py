@@ -311,6 +311,7 @@ def byte_tokens() -> list[str]:
 
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
 def write_target_gguf(
@@ -330,6 +331,7 @@ def write_target_gguf(
     name: str = "synthetic-target",
     n_pad: int = 1,
     seed: int = 0,
+    chat_template: str | None = CHATML_TEMPLATE,
 ) -> Path:
     """Write a tiny target GGUF with a byte-level BPE (``gpt2``) tokenizer of ``vocab`` tokens.
 
@@ -338,7 +340,8 @@ def write_target_gguf(
     ``[PAD<i>]`` tokens (unused; the last one is a natural DFlash mask token, as in Qwen3).
     ``tensors`` defaults to True for ``qwen3`` (a complete, loadable qwen3 model) and False for
     other arches (metadata only: enough for pairing checks). ``mrope`` (default: True for
-    ``qwen35``/``qwen35moe``) writes ``{arch}.rope.dimension_sections``.
+    ``qwen35``/``qwen35moe``) writes ``{arch}.rope.dimension_sections``. ``chat_template`` goes into
+    ``tokenizer.chat_template`` (None: the model has none).
     """
     import gguf
 
@@ -387,7 +390,8 @@ def write_target_gguf(
     w.add_bos_token_id(eot)
     w.add_pad_token_id(eot)
     w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     if tensors:

@@ -258,8 +258,8 @@ class FakeModel:
     def tokenize(self, text):
         return [1] + [len(word) for word in text.split()]
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return f"<user>{messages[0]['content']}</user>"
+    def apply_chat_template(self, messages, add_generation_prompt=True, enable_thinking=None):
+        return f"<user>{messages[0]['content']}</user>"  # a template that does not read enable_thinking
 
     def close(self):
         self.closed = True

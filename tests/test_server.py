@@ -813,3 +813,28 @@ def test_real_pair_served_greedy_equals_generate(real_pair, tmp_path):
     assert_near(tokens, ref, MIN_NEAR_TIE)
     assert_near(streamed_tokens, ref, MIN_NEAR_TIE)
     assert extra(r, "timings")["draft_n"] > 0
+
+
+def test_chat_template_kwargs_switch_reasoning_per_request(models):
+    from pyllamaspec.server.app import create_app
+
+    from test_chat_template import QWEN3_STYLE
+
+    app = create_app(_loader(models, 1), chat_template=QWEN3_STYLE, enable_thinking=None)
+    with InProcessServer(app) as s:
+        while httpx.get(s.url + "/health", timeout=TIMEOUT).status_code != 200:
+            time.sleep(0.02)
+
+        def prompt_tokens(extra: dict) -> int:
+            r = httpx.post(s.url + "/v1/chat/completions", timeout=TIMEOUT, json={
+                "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens"]
+
+        default = prompt_tokens({})
+        off = prompt_tokens({"chat_template_kwargs": {"enable_thinking": False}})
+        assert off > default == prompt_tokens({"chat_template_kwargs": {"enable_thinking": True}})
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=TIMEOUT, json={
+            "messages": [{"role": "user", "content": "hello"}], "chat_template_kwargs": {"tools_mode": 1}})
+        err = assert_openai_error(r, 400, "chat_template_kwargs.tools_mode", None)
+        assert "tools_mode" in err["message"]

@@ -7,7 +7,6 @@ so the rest of the bench package imports without the native library.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,15 +148,13 @@ class PyllamaspecBackend:
         target = self._loaded_target()
         text = user_message
         if mode.chat_template:
-            options = {}
-            if mode.reasoning is not None:
-                # refuse rather than silently run in the template's default mode under a reasoning label
-                if "enable_thinking" not in inspect.signature(target.apply_chat_template).parameters:
-                    raise ConfigError("this pyllamaspec's chat templating cannot switch reasoning on or off; "
-                                      "use --reasoning default")
-                options["enable_thinking"] = mode.reasoning
-            text = target.apply_chat_template([{"role": "user", "content": user_message}],
-                                              add_generation_prompt=True, **options)
+            messages = [{"role": "user", "content": user_message}]
+            text = target.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=mode.reasoning)
+            if mode.reasoning is not None and text == target.apply_chat_template(
+                    messages, add_generation_prompt=True, enable_thinking=not mode.reasoning):
+                # the template ignores enable_thinking: the run would be labelled with a mode it does not have
+                raise ConfigError(f"the chat template of {self.target_path.name} does not switch on enable_thinking; "
+                                  f"use --reasoning default")
         return RenderedPrompt(text, tuple(target.tokenize(text)))
 
     def session_config(self, arm: Arm, *, n_ctx: int, margins: bool, n_parallel: int = 1) -> Any:

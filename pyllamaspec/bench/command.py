@@ -25,6 +25,7 @@ from pyllamaspec.bench.workloads import CONTENT_CLASSES, load_prompt_set
 from pyllamaspec.config import DRAFTER_TYPES, SPEC_TYPES, ModelConfig, SessionConfig
 from pyllamaspec.errors import ConfigError
 from pyllamaspec.ggufinfo import check_model_file
+from pyllamaspec.progress import Progress
 
 # A CPU run shares its cores with everything else: more than one runnable task on average beforehand is a tenant.
 CPU_RUN_LOAD_THRESHOLD = 1.0
@@ -198,9 +199,11 @@ def measure(args: argparse.Namespace, options: RunOptions) -> dict:
         detector = CotenantDetector(ignored_names=ignored,
                                     load_threshold=CPU_RUN_LOAD_THRESHOLD if options.target.n_gpu_layers == 0
                                     else None)
-        runner = BenchRunner(arms, backends, session, prompts, settings, detector=detector,
-                             telemetry=GpuTelemetry(), progress=lambda line: print(line, file=sys.stderr))
-        result = runner.run()
+        with Progress("bench", unit="runs") as bar:
+            runner = BenchRunner(arms, backends, session, prompts, settings, detector=detector,
+                                 telemetry=GpuTelemetry(),
+                                 progress=lambda done, total, what: bar.update(done, total, note=what))
+            result = runner.run()
         lock_state = [lock.describe() for lock in locks]
     models = {"target": args.model, **{f"drafter {label}": path for label, path in drafter_paths.items()}}
     environment = build_environment(build_info=build_info, models=models,

@@ -53,7 +53,7 @@ class BenchRunner:
         telemetry: GpuTelemetry | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        progress: Callable[[str], None] = lambda message: None,
+        progress: Callable[[int, int, str], None] = lambda done, total, message: None,
     ):
         plain_arms = [arm for arm in arms if arm.is_plain]
         if len(plain_arms) != 1:
@@ -168,8 +168,8 @@ class BenchRunner:
         cooling: list[dict] = []
         for number, step in enumerate(schedule, start=1):
             arm = arms_by_name[step.arm]
-            self.progress(f"[{number}/{len(schedule)}] {step.kind} {arm.name} {step.content_class} "
-                          f"depth {step.depth}" + (f" round {step.repeat}" if step.repeat is not None else ""))
+            self.progress(number - 1, len(schedule), f"{step.kind} {arm.name} {step.content_class} depth {step.depth}"
+                          + (f" round {step.repeat}" if step.repeat is not None else ""))
             if step.kind == "reference":
                 key = (step.content_class, step.depth, step.prompt_index)
                 references[key] = self._generate(arm, step, workloads, n_ctx, margins=True)
@@ -189,6 +189,7 @@ class BenchRunner:
                 continue
             outcomes.append(self._measure(step, arm, workloads, n_ctx, prompt_id, filler_tokens[step.depth]))
 
+        self.progress(len(schedule), len(schedule), "")
         records = build_records(self.arms, outcomes, references, preflight_contaminated=preflight_contaminated,
                                 margin_tolerance=settings.margin_tolerance, noise=noise)
         return {

@@ -1,10 +1,12 @@
 """Parse the command line, run the subcommand, and report any failure in one format for every command:
-``pyllamaspec: error: <what went wrong and what to do>`` on stderr, exit status 2 (130 when interrupted)."""
+``pyllamaspec: error: <what went wrong and what to do>`` on stderr, exit status 2 (130 when interrupted by
+Ctrl-C, 143 by SIGTERM: both end the command through the same cleanup)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -13,7 +15,17 @@ from ..errors import PyllamaspecError
 PROG = "pyllamaspec"
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 DEBUG_ENV = "PYLLAMASPEC_DEBUG"  # set: unexpected exceptions keep their traceback
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup (temp files, child processes) runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process outright
+    raise Terminated()
 
 
 def error_line(message: object) -> str:
@@ -51,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command; every failure becomes one error report and exit status 2."""
     try:
+        previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: signals stay the host program's
+        previous_sigterm = None
+    try:
         if getattr(args, "verbose", 0):
             from .. import _native
 
@@ -62,6 +78,9 @@ def run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"\n{PROG}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except OSError as e:
         print(error_line(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")), file=sys.stderr)
     except Exception as e:  # an unforeseen failure still ends as one report, unless debugging
@@ -69,6 +88,9 @@ def run_command(args: argparse.Namespace) -> int:
             raise
         print(error_line(f"internal error: {type(e).__name__}: {e} (set {DEBUG_ENV}=1 for a traceback)"),
               file=sys.stderr)
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     return EXIT_ERROR
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from ..progress import Progress
 from ..tools.convert import OUTTYPES, convert_dflash
 
 
@@ -33,15 +33,14 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    tty = sys.stderr.isatty()
+    bar = Progress("converting", unit="tensors", enabled=not args.quiet)
 
     def progress(i: int, n: int, name: str) -> None:
-        if not args.quiet and tty:
-            sys.stderr.write(f"\rconverting: {i}/{n} tensors" + (" " * 8 if i < n else "\n"))
-            sys.stderr.flush()
+        bar.update(i, n, note=name)
 
-    out = convert_dflash(args.drafter_dir, args.target, args.out, outtype=args.outtype, force=args.force,
-                         source_repo=args.source_repo, source_revision=args.source_revision, progress=progress)
+    with bar:  # a failure ends the progress line before the error is printed
+        out = convert_dflash(args.drafter_dir, args.target, args.out, outtype=args.outtype, force=args.force,
+                             source_repo=args.source_repo, source_revision=args.source_revision, progress=progress)
     if not args.quiet:
         print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0

@@ -20,6 +20,7 @@ from .app import warn
 
 DEFAULT_PROMPT = "Write a Python function that parses an ISO-8601 date string and returns a datetime, with tests"
 DEFAULT_N_PREDICT = 256
+_REASONING = {"on": True, "off": False, "auto": None}
 
 
 class PromptFile(str):
@@ -51,6 +52,7 @@ def register(sub) -> None:
     add_memory_check_flag(g)
     g.add_argument("--raw", action="store_true",
                    help="do not wrap the prompts in the model's chat template (default: wrapped when it has one)")
+    add_template_flags(g)
     g.add_argument("--json", action="store_true",
                    help="print one JSON object: text, tokens, margins, finish reason, stats (default: the text)")
     p.set_defaults(func=run)
@@ -69,6 +71,34 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
     flags.add_placement_flags(p)
     flags.add_context_flags(p)
     flags.add_sampling_flags(p)
+
+
+def add_template_flags(g) -> None:
+    """How prompts are put through the chat template (llama.cpp's spelling)."""
+    g.add_argument("-rea", "--reasoning", choices=list(_REASONING), default="auto",
+                   help="enable_thinking for the chat template: on, off, or auto (llama.cpp's default: the "
+                        "template's own) (default: %(default)s)")
+    g.add_argument("--chat-template", default=None, metavar="JINJA_TEMPLATE",
+                   help="a Jinja chat template to use instead of the model's; 'chatml' names ChatML "
+                        "(default: the model's own)")
+    g.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="read the Jinja chat template from FILE (default: none)")
+
+
+def chat_settings(args: argparse.Namespace) -> tuple[str | None, bool | None]:
+    """(template source or None for the model's own, enable_thinking or None) from the template flags."""
+    template = args.chat_template
+    if args.chat_template_file is not None:
+        if template is not None:
+            raise ConfigError("give --chat-template or --chat-template-file, not both")
+        try:
+            template = Path(args.chat_template_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"chat template file {args.chat_template_file} is not UTF-8 text") from None
+        except OSError as e:
+            raise ConfigError(f"chat template file {args.chat_template_file} cannot be read: "
+                              f"{e.strerror or e}") from None
+    return template, _REASONING[args.reasoning]
 
 
 def add_memory_check_flag(g) -> None:
@@ -154,10 +184,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{len(prompts)} prompts need -np {len(prompts)} or more (got -np {args.parallel})")
     if not 0 <= args.n_predict <= INT32_MAX:
         raise ConfigError(f"-n {args.n_predict}: the number of tokens to generate must be within 0..{INT32_MAX}")
+    template, thinking = chat_settings(args)
+    if args.raw and (thinking is not None or template is not None):
+        raise ConfigError("--reasoning and --chat-template act through the chat template; drop --raw")
     target, drafter, session = open_session(args, margins=args.json)
     with session:
-        if not args.raw and target.chat_template:
-            prompts = [target.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        if not args.raw and (template is not None or target.chat_template):
+            prompts = [_chat_prompt(target, p, template, thinking) for p in prompts]
         if len(prompts) > 1:
             return _generate_streams(args, session, prompts)
         prompt = prompts[0]
@@ -174,6 +207,16 @@ def run(args: argparse.Namespace) -> int:
         print()
         print_stats_line(session, session.stats())
     return 0
+
+
+def _chat_prompt(target, text: str, template: str | None, thinking: bool | None) -> str:
+    messages = [{"role": "user", "content": text}]
+    prompt = target.apply_chat_template(messages, template=template, enable_thinking=thinking)
+    if thinking is not None and prompt == target.apply_chat_template(messages, template=template,
+                                                                     enable_thinking=not thinking):
+        warn(f"the chat template does not read enable_thinking; --reasoning {'on' if thinking else 'off'} "
+             f"changes nothing")
+    return prompt
 
 
 def describe_decoding(info) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..progress import Progress
 from ..tools.quantize import FTYPES, quantize
 
 
@@ -24,8 +25,11 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     print(f"quantizing {args.input} -> {args.output} ({args.type.upper()})", file=sys.stderr)
-    r = quantize(args.input, args.output, args.type, threads=args.threads, allow_requantize=args.allow_requantize,
-                 force=args.force)
+    with Progress("quantizing", unit="tensors") as bar:
+        r = quantize(args.input, args.output, args.type, threads=args.threads,
+                     allow_requantize=args.allow_requantize, force=args.force,
+                     progress=lambda done, total: bar.update(done, total))
+        bar.update(bar.total or 0)
     mib = 2 ** 20
     print(f"{r['bytes_in'] / mib:.1f} MiB -> {r['bytes_out'] / mib:.1f} MiB "
           f"({r['bytes_out'] / r['bytes_in']:.2f}x) in {r['seconds']:.1f} s", file=sys.stderr)

@@ -48,7 +48,7 @@ typedef enum pls_status {
 
 /* ---- library ---------------------------------------------------------------------------- */
 
-/* Bumped whenever a struct below changes layout; Python refuses a library of another version. */
+/* Bumped whenever a struct or a function signature below changes; Python refuses a library of another version. */
 int32_t pls_abi_version(void);
 
 /* JSON text: backends compiled in, devices visible (name, description, type, free/total bytes). */
@@ -118,10 +118,17 @@ int32_t pls_tokenize(const pls_model * model, const char * text, int32_t text_le
 /* Bytes of one token (may be a partial UTF-8 sequence); returns length or -(needed). */
 int32_t pls_token_to_piece(const pls_model * model, int32_t token, char * buf, int32_t buf_size, int32_t special);
 int32_t pls_token_is_eog(const pls_model * model, int32_t token);
-/* Apply the model's chat template (or tmpl when not NULL); returns length or -(needed). */
-int32_t pls_chat_apply(const pls_model * model, const char * tmpl, const char * const * roles,
-                       const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
-                       char * buf, int32_t buf_size);
+/* Chat templates through upstream's Jinja engine (common/chat), as llama-server renders them. The messages are
+ * n_messages role/content pairs; tmpl (a Jinja template) replaces the model's own when not NULL; enable_thinking
+ * -1 keeps the engine's default (it passes enable_thinking = true), 0 off, 1 on (llama.cpp's --reasoning).
+ * Returns PLS_OK with the prompt's length in *n_out: the prompt and a NUL are in buf when *n_out < buf_size,
+ * else buf is untouched and the call can be repeated with *n_out + 1 bytes. PLS_ERR_NO_TEMPLATE when tmpl is
+ * NULL and the model has no template (no ChatML fallback); PLS_ERR_TEMPLATE when the template cannot be parsed or
+ * rendered (err says why); PLS_ERR_INVALID for bad arguments; PLS_ERR_MEMORY. */
+int32_t pls_chat_format(const pls_model * model, const char * tmpl, const char * const * roles,
+                        const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
+                        int32_t enable_thinking, char * buf, int32_t buf_size, int32_t * n_out,
+                        char * err, size_t err_size);
 
 /* ---- sessions ---------------------------------------------------------------------------- */
 
@@ -450,9 +457,13 @@ int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_par
 /* ---- tools ------------------------------------------------------------------------------- */
 
 /* Requantize a GGUF through upstream's quantizer. ftype: a llama_ftype value. tensor_types:
- * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. Returns a pls_status. */
+ * "regex=TYPE,..." overrides (e.g. a drafter's selector codebooks at F16), or NULL. progress (may be NULL) is
+ * called on the calling thread as each tensor starts, with the tensors done so far and their total.
+ * Returns a pls_status. */
+typedef void (*pls_progress_cb)(void * user_data, int32_t done, int32_t total);
 int32_t pls_quantize(const char * path_in, const char * path_out, int32_t ftype, int32_t n_threads,
-                     int32_t allow_requantize, const char * tensor_types, char * err, size_t err_size);
+                     int32_t allow_requantize, const char * tensor_types, pls_progress_cb progress, void * user_data,
+                     char * err, size_t err_size);
 /* Name of a llama_ftype value (e.g. "Q4_0"); empty when unknown. */
 int32_t pls_ftype_name(int32_t ftype, char * buf, int32_t buf_size);
 

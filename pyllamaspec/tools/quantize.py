@@ -1,14 +1,26 @@
-"""Requantize a GGUF through upstream's quantizer, drafter-aware and atomic (`pyllamaspec quantize`)."""
+"""`pyllamaspec quantize`: requantize a GGUF through upstream's quantizer, drafter-aware and atomic.
+
+The quantizer runs in a child process: upstream's quantizer cannot be stopped part-way, but a process can, so
+Ctrl-C or SIGTERM ends a quantization at once and the partial output is removed.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
+import subprocess
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from .. import _native
 from ..atomicfile import atomic_output
-from ..errors import QuantizeError
+from ..errors import PyllamaspecError, QuantizeError
 
 # llama_ftype values by upstream's names (llama.h); the common ones plus the k-quants
 FTYPES = {
@@ -30,9 +42,16 @@ def drafter_overrides(arch: str | None) -> str | None:
     return ",".join(f"^{p}$=F16" for p in DRAFTER_KEEP)
 
 
+ProgressFn = Callable[[int, int], None]  # (tensors done, tensors in all)
+
+
 def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str = "Q4_0", *, threads: int = 0,
-             allow_requantize: bool = False, force: bool = False) -> dict:
-    """Requantize into a temp file beside path_out and rename; the input is never touched."""
+             allow_requantize: bool = False, force: bool = False, progress: ProgressFn | None = None) -> dict:
+    """Requantize into a temp file beside path_out and rename; the input is never touched.
+
+    The quantizer runs in a child process, which any thread may start; a KeyboardInterrupt (or any exception)
+    in the caller ends it and removes the partial output. progress, if given, is called on the calling thread
+    with (tensors done, tensors in all)."""
     src, dst = Path(path_in), Path(path_out)
     name = ftype.upper()
     if name not in FTYPES:
@@ -46,17 +65,153 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
     from ..ggufinfo import read_summary  # metadata only, no weights
 
     arch = read_summary(src).arch
-    ffi, lib = _native.load()
-    err = _native.ErrorBuffer(ffi)
     overrides = drafter_overrides(arch)
     t0 = time.perf_counter()
     with atomic_output(dst, force=force, error=QuantizeError) as tmp:
-        rc = lib.pls_quantize(str(src).encode(), str(tmp).encode(), FTYPES[name], threads, int(allow_requantize),
-                              overrides.encode() if overrides else ffi.NULL, err.buf, err.SIZE)
-        if rc != 0:
-            msg = err.text
+        request = {"input": str(src), "output": str(tmp), "ftype": FTYPES[name], "threads": threads,
+                   "allow_requantize": bool(allow_requantize), "overrides": overrides}
+        msg = _run_worker(request, progress)
+        if msg is not None:
             if "requantizing" in msg and not allow_requantize:
                 msg += " (the input is already quantized: pass --allow-requantize)"
             raise QuantizeError(msg)
     return {"input": str(src), "output": str(dst), "type": name, "bytes_in": src.stat().st_size,
             "bytes_out": dst.stat().st_size, "seconds": time.perf_counter() - t0, "drafter_overrides": overrides}
+
+
+def _run_worker(request: dict, progress: ProgressFn | None) -> str | None:
+    """Quantize in a child process; None on success, else the quantizer's error message."""
+    read_fd, write_fd = os.pipe()
+    request = {**request, "fd": write_fd, "parent": os.getpid()}
+    env = dict(os.environ)
+    # the child imports this very package, wherever it was imported from
+    package_root = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    proc = None
+    result = None
+    try:
+        try:
+            with _signals_deferred():  # until `proc` is set, nothing could end the child
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", f"import {__name__} as m; m._worker_main()", json.dumps(request)],
+                    env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=2,  # none of it on our stdout
+                    start_new_session=True)  # the terminal's Ctrl-C is ours to act on, not the child's
+        except OSError as e:
+            raise QuantizeError(f"cannot start the quantizer process: {e.strerror or e}") from None
+        finally:
+            os.close(write_fd)
+        for msg in _messages(read_fd):
+            if "done" in msg:
+                if progress is not None:
+                    progress(msg["done"], msg["total"])
+            else:
+                result = msg
+        status = _wait(proc)
+    finally:
+        if proc is not None and proc.poll() is None:  # interrupted (or failed) here: end the child now
+            proc.kill()
+            proc.wait()
+        os.close(read_fd)
+    if result is None:
+        return f"the quantizer process {_how_it_ended(status)} before it finished"
+    return None if result.get("rc") == 0 else (result.get("error") or "quantization failed")
+
+
+# Waits are sliced: a signal that another thread of this process (a BLAS pool, say) received does not interrupt
+# a blocking read in the main thread, so the main thread looks for pending handlers at least this often.
+WAIT_SLICE_S = 0.2
+
+
+def _messages(fd: int):
+    """The child's JSON lines, until it closes the pipe."""
+    pending = b""
+    while True:
+        if not select.select([fd], [], [], WAIT_SLICE_S)[0]:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=WAIT_SLICE_S)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def _signals_deferred():
+    """SIGINT/SIGTERM that arrive in the block are acted on (by their handlers) when it ends. An exception raised
+    inside Popen after its fork loses the child's pid, so nothing could end that child."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers run in the main thread only: this thread's Popen cannot be interrupted
+        return
+    caught: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):  # ignored or default-action signals need no deferring
+            previous[sig] = handler
+            signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            previous[sig](sig, None)
+
+
+def _how_it_ended(status: int) -> str:
+    if status >= 0:
+        return f"exited with status {status}"
+    try:
+        return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"was killed by signal {-status}"
+
+
+def _die_with_parent(parent: int) -> None:
+    """A killed parent takes the quantizer with it (Linux); elsewhere the parent's own cleanup has to do."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _worker_main() -> None:
+    """The child process: one quantization, reported as JSON lines on the pipe the parent gave."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    req = json.loads(sys.argv[-1])
+    _die_with_parent(req["parent"])
+    with os.fdopen(req["fd"], "w", encoding="utf-8", buffering=1) as out:
+        try:
+            ffi, lib = _native.load()
+        except PyllamaspecError as e:
+            out.write(json.dumps({"rc": -1, "error": str(e)}) + "\n")
+            return
+
+        @ffi.callback("void(void *, int32_t, int32_t)")
+        def on_progress(_user, done, total):
+            out.write(json.dumps({"done": done, "total": total}) + "\n")
+
+        err = _native.ErrorBuffer(ffi)
+        overrides = req["overrides"]
+        rc = lib.pls_quantize(req["input"].encode(), req["output"].encode(), req["ftype"], req["threads"],
+                              int(req["allow_requantize"]), overrides.encode() if overrides else ffi.NULL,
+                              on_progress, ffi.NULL, err.buf, err.SIZE)
+        out.write(json.dumps({"rc": rc, "error": err.text if rc != 0 else ""}) + "\n")
+
