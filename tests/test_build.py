@@ -52,6 +52,23 @@ def test_abi_version_matches():
     assert lib.pls_abi_version() == _native.ABI_VERSION
 
 
+def test_every_status_code_of_the_header_is_one_exception_and_the_library_returns_them():
+    from pyllamaspec._native import calls
+
+    codes = {name: value for name, value in _native.constants().items() if name.startswith("PLS_ERR_")}
+    assert len(set(codes.values())) == len(codes) and all(v < 0 for v in codes.values())
+    assert set(codes) - {"PLS_ERR_INTERNAL"} == set(calls._STATUS_ERRORS)
+    assert isinstance(_native.error_for(codes["PLS_ERR_INTERNAL"], "x", RuntimeError), RuntimeError)
+    # the library answers with the header's values: an unopenable file, then a session over nothing
+    ffi, lib = _native.load()
+    err = _native.ErrorBuffer(ffi)
+    model = ffi.new("pls_model **")
+    path = ffi.new("char[]", b"/nonexistent/model.gguf")
+    params = ffi.new("pls_model_params *", {"path": path, "use_mmap": 1})
+    assert lib.pls_model_load(params, model, err.buf, err.SIZE) == codes["PLS_ERR_LOAD"]
+    assert model[0] == ffi.NULL and "model.gguf" in err.text
+
+
 def test_info_reports_pin_patches_and_backend():
     out = subprocess.run(["pyllamaspec", "info", "--json"], capture_output=True,
                          text=True, check=True)

@@ -8,6 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec import Model
 from pyllamaspec.bench.backends import PyllamaspecBackend
@@ -118,14 +119,14 @@ def test_generate_applies_a_long_template_and_the_reasoning_switch(models):
                     for mode, thinking in (("off", False), ("on", True))}
     assert expected["off"] > expected["on"] > 1000
     for mode in ("off", "on"):
-        out = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "generate", "-m", str(path), "-p", "hello", "-n", "4", "-c", "4096",
+        out = subprocess.run([*CLI, "generate", "-m", str(path), "-p", "hello", "-n", "4", "-c", "4096",
                               "--reasoning", mode, "--json"], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["stats"]["n_prompt"] == expected[mode]
 
 
 def test_generate_refuses_reasoning_on_a_raw_prompt(models):
-    out = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "generate", "-m", str(models["qwen3"]), "-p", "x", "-n", "2", "--raw",
+    out = subprocess.run([*CLI, "generate", "-m", str(models["qwen3"]), "-p", "x", "-n", "2", "--raw",
                           "--reasoning", "on"], capture_output=True, text=True)
     assert out.returncode == 2 and "--raw" in out.stderr and "Traceback" not in out.stderr
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec.bench.plan import Arm
 from pyllamaspec.cli import bench as bench_cmd
@@ -118,7 +119,7 @@ def test_every_command_reports_errors_one_way(tmp_path: Path, argv: list[str], n
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", *argv], capture_output=True, text=True, env=env,
+    p = subprocess.run([*CLI, *argv], capture_output=True, text=True, env=env,
                        timeout=300)
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]

@@ -16,6 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from clirun import CLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -802,7 +803,7 @@ def test_cli_module_entry_point_subprocess(tmp_path: Path, target: Path, outdir:
     ckpt = write_dflash_checkpoint(tmp_path / "ckpt", mask_token_id=999)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(
-        [sys.executable, "-m", "pyllamaspec.cli", "convert", str(ckpt), "--target", str(target), "-o",
+        [*CLI, "convert", str(ckpt), "--target", str(target), "-o",
          str(outdir / "d.gguf")],
         capture_output=True, text=True, env=env, timeout=120,
     )

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec.tools import pypi_models, synth
 from pyllamaspec.progress import Progress
@@ -69,7 +70,7 @@ def test_disabled_work_writes_nothing_and_failed_work_no_final_line():
 def test_quantize_cli_reports_progress_on_stderr_only(tmp_path):
     shape = synth.TargetShape(arch="qwen3", n_vocab=512, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512)
     src = synth.write_target(tmp_path / "t.gguf", shape, seed=2)
-    out = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "quantize", str(src), str(tmp_path / "q.gguf"), "--type", "Q8_0"],
+    out = subprocess.run([*CLI, "quantize", str(src), str(tmp_path / "q.gguf"), "--type", "Q8_0"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "" and "\r" not in out.stderr

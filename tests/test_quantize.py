@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.tools import synth
@@ -90,11 +91,11 @@ def test_dflash2_drafter_keeps_its_selector_at_full_precision(tmp_path, dense_pa
 
 def test_cli_reports_sizes(q8_pair, tmp_path):
     _, t8, _ = q8_pair
-    out = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "quantize", str(t8), str(tmp_path / "c.gguf"), "--type", "Q4_0",
+    out = subprocess.run([*CLI, "quantize", str(t8), str(tmp_path / "c.gguf"), "--type", "Q4_0",
                           "--allow-requantize"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "MiB ->" in out.stderr and (tmp_path / "c.gguf").exists()
-    bad = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "quantize", str(t8), str(tmp_path / "c.gguf")], capture_output=True,
+    bad = subprocess.run([*CLI, "quantize", str(t8), str(tmp_path / "c.gguf")], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "error" in bad.stderr
 

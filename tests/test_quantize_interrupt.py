@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec.tools import synth
 from pyllamaspec.atomicfile import remove_stale_partials
@@ -37,7 +38,7 @@ def _start_and_freeze_worker(args: list[str]) -> tuple[subprocess.Popen, int]:
     """Start `pyllamaspec quantize`, wait for its quantizer process and stop it (SIGSTOP): whatever the speed
     of the machine, the quantization cannot finish before the signal under test arrives."""
     # Ctrl-C acts as in a terminal even where this test runs with SIGINT ignored (a background job)
-    cli = subprocess.Popen([sys.executable, "-m", "pyllamaspec.cli", "quantize", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    cli = subprocess.Popen([*CLI, "quantize", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while cli.poll() is None:
         for kid in _children(cli.pid):

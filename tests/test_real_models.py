@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from clirun import CLI
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 
@@ -73,7 +74,7 @@ def test_real_pair_reproduces_plain_greedy(models, content, spec_type, n_max):
 
 def test_generate_cli_json_on_the_default_pair(real_pair):
     t, d = real_pair
-    out = subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "generate", "-m", str(t), "-md", str(d),
+    out = subprocess.run([*CLI, "generate", "-m", str(t), "-md", str(d),
                           "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "-n", "24", "-t", "2",
                           "-p", "def add(a, b):", "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import CLI
 
 pytest.importorskip("fastapi", reason="the server extra is not installed (pip install .[server])")
 uvicorn = pytest.importorskip("uvicorn")
@@ -52,7 +53,7 @@ class ServerProcess:
         self.out_path, self.err_path = workdir / "server.out", workdir / "server.err"
         self._out, self._err = open(self.out_path, "w"), open(self.err_path, "w")
         # cwd elsewhere than the repository: `-m` must import the installed package, not the source tree
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyllamaspec.cli", "serve", *args, "--host", "127.0.0.1",
+        self.proc = subprocess.Popen([*CLI, "serve", *args, "--host", "127.0.0.1",
                                       "--port", "0"], stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
                                      cwd=workdir)
         self.url = None

@@ -12,7 +12,18 @@ from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadErro
                                 PlacementError, PyllamaspecError)
 
 N_PREDICT = 48
-NEAR_TIE = 1e-3  # logit units: batch-shape kernel differences are ~1e-5 relative
+
+
+def _near_tie() -> float:
+    """Logit units. CPU kernels differ by batch shape at ~1e-5 relative; GPU kernels (tensor-core tiles, split-K
+    reductions chosen per batch size) moved the tiny models' margins by up to ~5e-3 on an H200."""
+    from pyllamaspec import _native
+
+    gpu = any(b in ("cuda", "hip", "vulkan", "metal") for b in _native.build_info().get("backends", []))
+    return 1e-2 if gpu else 1e-3
+
+
+NEAR_TIE = _near_tie()
 PROMPT = [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7]
 
 

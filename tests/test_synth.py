@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from clirun import CLI
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.tools import synth
@@ -36,7 +37,7 @@ def tensor_bytes(path) -> dict[str, tuple[str, bytes]]:
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pyllamaspec.cli", "synth", *map(str, args)],
+    return subprocess.run([*CLI, "synth", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd)
 
 

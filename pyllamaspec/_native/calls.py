@@ -10,8 +10,8 @@ import threading
 from contextlib import contextmanager
 from functools import lru_cache
 
-from ..errors import (ConfigError, ContextOverflowError, GenerationError, MemoryBudgetError, ModelLoadError,
-                      PairingError, PlacementError, PyllamaspecError, SessionBusyError)
+from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, GenerationError, MemoryBudgetError,
+                      ModelLoadError, PairingError, PlacementError, PyllamaspecError, SessionBusyError)
 from .header import constants
 
 # what each status code of the C API means on the Python side: one table for every call
@@ -23,8 +23,8 @@ _STATUS_ERRORS = {
     "PLS_ERR_LOAD": ModelLoadError,
     "PLS_ERR_BUSY": SessionBusyError,
     "PLS_ERR_DECODE": GenerationError,
-    "PLS_ERR_NO_TEMPLATE": ConfigError,
-    "PLS_ERR_TEMPLATE": ConfigError,
+    "PLS_ERR_NO_TEMPLATE": ChatTemplateError,
+    "PLS_ERR_TEMPLATE": ChatTemplateError,
     "PLS_ERR_MEMORY": MemoryBudgetError,
 }
 

@@ -83,18 +83,18 @@ def _run_worker(request: dict, progress: ProgressFn | None) -> str | None:
     """Quantize in a child process; None on success, else the quantizer's error message."""
     read_fd, write_fd = os.pipe()
     request = {**request, "fd": write_fd, "parent": os.getpid()}
-    env = dict(os.environ)
-    # the child imports this very package, wherever it was imported from
+    # the child imports this very package, wherever it was imported from: its root goes ahead of the working
+    # directory, which `python -c` puts first on sys.path (a source checkout there has no native library)
     package_root = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    code = f"import sys; sys.path.insert(0, {package_root!r}); import {__name__} as m; m._worker_main()"
     proc = None
     result = None
     try:
         try:
             with _signals_deferred():  # until `proc` is set, nothing could end the child
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", f"import {__name__} as m; m._worker_main()", json.dumps(request)],
-                    env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=2,  # none of it on our stdout
+                    [sys.executable, "-c", code, json.dumps(request)],
+                    pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=2,  # none of it on our stdout
                     start_new_session=True)  # the terminal's Ctrl-C is ours to act on, not the child's
         except OSError as e:
             raise QuantizeError(f"cannot start the quantizer process: {e.strerror or e}") from None

@@ -1,0 +1,133 @@
+"""Throughput and time to first token of OpenAI-compatible servers under concurrent clients.
+
+The servers are started beforehand (benchmarks/serve_load.sh does it for pyllamaspec serve, upstream's
+llama-server and llama-cpp-python's server); each is given as NAME=URL. Rounds interleave the servers and the
+concurrency levels (round r: for each concurrency, every server in a rotated order), after one discarded warm-up
+phase per server. Every request is a streamed chat completion at temperature 0 with a fixed max_tokens; a phase
+of concurrency c runs c clients that each send --requests prompts one after another. A phase's throughput is
+its generated tokens over its wall time; TTFT is from sending a request to its first content.
+
+    python benchmarks/serve_load.py --server ours=http://127.0.0.1:8081 --server upstream=http://127.0.0.1:8082 \\
+        --concurrency 1,4,8 --requests 2 --max-tokens 64 --rounds 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPT_DIR = Path(__file__).resolve().parents[1] / "pyllamaspec" / "bench" / "prompts"
+
+
+def load_prompts(classes: list[str]) -> list[str]:
+    prompts = []
+    for name in classes:
+        data = json.loads((PROMPT_DIR / f"{name}.json").read_text())
+        items = data["prompts"] if isinstance(data, dict) else data
+        prompts += [item["text"] if isinstance(item, dict) else item for item in items]
+    return prompts
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft = None
+    chunks = 0
+    usage = None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+    tokens = usage["completion_tokens"] if usage else chunks  # without usage: one token per chunk
+    return {"ttft_s": ttft, "latency_s": time.perf_counter() - t0, "tokens": tokens,
+            "tokens_from": "usage" if usage else "chunks"}
+
+
+async def phase(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, offset: int) -> dict:
+    async with httpx.AsyncClient(timeout=600.0) as client:
+        async def worker(w: int) -> list[dict]:
+            out = []
+            for i in range(requests):
+                prompt = prompts[(offset + w * requests + i) % len(prompts)]
+                out.append(await one_request(client, url, prompt, max_tokens))
+            return out
+
+        t0 = time.perf_counter()
+        results = [r for rs in await asyncio.gather(*(worker(w) for w in range(concurrency))) for r in rs]
+        wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
+    return {"concurrency": concurrency, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
+            "ttft_median_s": statistics.median(ttfts) if ttfts else None,
+            "ttft_max_s": max(ttfts) if ttfts else None,
+            "latency_median_s": statistics.median(r["latency_s"] for r in results),
+            "tokens_from": sorted({r["tokens_from"] for r in results})}
+
+
+def summarize(samples: list[float]) -> dict:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", action="append", required=True, metavar="NAME=URL")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=2, help="requests each client sends per phase")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--classes", default="code,prose")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    servers = dict(item.split("=", 1) for item in args.server)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    prompts = load_prompts(args.classes.split(","))
+    for name, url in servers.items():  # warm-up, discarded
+        asyncio.run(phase(url, prompts, max(levels), 1, args.max_tokens, 0))
+        print(f"warm: {name}", flush=True)
+    phases: list[dict] = []
+    names = list(servers)
+    for r in range(args.rounds):
+        for c in levels:
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                # the same prompts for every server in a round and level
+                result = asyncio.run(phase(servers[name], prompts, c, args.requests, args.max_tokens,
+                                           offset=r * 97 + c))
+                result.update(server=name, round=r)
+                phases.append(result)
+                print(f"round {r} c={c} {name}: {result['tok_s']:.1f} tok/s, TTFT median "
+                      f"{result['ttft_median_s']:.2f} s", flush=True)
+    table = {}
+    for name in names:
+        for c in levels:
+            mine = [p for p in phases if p["server"] == name and p["concurrency"] == c]
+            table.setdefault(name, {})[str(c)] = {
+                "tok_s": summarize([p["tok_s"] for p in mine]),
+                "ttft_median_s": summarize([p["ttft_median_s"] for p in mine]),
+                "latency_median_s": summarize([p["latency_median_s"] for p in mine])}
+    print(json.dumps(table, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"servers": servers, "args": vars(args) | {"json": str(args.json)},
+                                         "phases": phases, "summary": table}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

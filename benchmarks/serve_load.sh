@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Start the servers that benchmarks/serve_load.py compares, on one machine, with the same model, context, slots
+# and threads, run the load, and stop them. Idle servers wait on their sockets, so running them side by side does
+# not disturb the one under load.
+#   T, D            target and drafter GGUF
+#   LLAMA_SERVER    upstream's llama-server built from the pinned commit (unset: skipped)
+#   OUT             the JSON to write
+# llama-cpp-python's server is included when `python -c "import llama_cpp.server"` works.
+set -euo pipefail
+: "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
+NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
+LOGS=$(mktemp -d)
+PIDS=()
+SERVERS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+start() {  # name port command...
+    local name=$1 port=$2; shift 2
+    "$@" > "$LOGS/$name.log" 2>&1 &
+    PIDS+=($!)
+    SERVERS+=(--server "$name=http://127.0.0.1:$port")
+}
+
+common=(-c "$CTX" -np "$NP" -t "$THREADS")
+start ours-plain 8101 python -m pyllamaspec.cli serve -m "$T" "${common[@]}" --port 8101
+start ours-adaptive 8102 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple "${common[@]}" --port 8102
+start ours-n4 8103 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
+    --spec-adaptive off "${common[@]}" --port 8103
+if [ -n "${LLAMA_SERVER:-}" ]; then
+    start upstream-plain 8104 "$LLAMA_SERVER" -m "$T" "${common[@]}" --port 8104
+    start upstream-n4 8105 "$LLAMA_SERVER" -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
+        "${common[@]}" --port 8105
+fi
+if python -c "import llama_cpp.server" 2>/dev/null; then
+    start llama-cpp-python 8106 python -m llama_cpp.server --model "$T" --n_ctx "$CTX" --n_threads "$THREADS" \
+        --port 8106
+fi
+
+for s in "${SERVERS[@]}"; do
+    [ "$s" = --server ] && continue
+    url=${s#*=}
+    for _ in $(seq 600); do
+        curl -sf "$url/health" >/dev/null 2>&1 && break
+        curl -sf "$url/v1/models" >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+done
+python "$(dirname "$0")/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
+    --max-tokens "${MAX_TOKENS:-64}" --rounds "${ROUNDS:-3}" --json "$OUT"
