@@ -5,7 +5,8 @@
 #   T, D            target and drafter GGUF
 #   LLAMA_SERVER    upstream's llama-server built from the pinned commit (unset: skipped)
 #   OUT             the JSON to write
-# llama-cpp-python's server is included when `python -c "import llama_cpp.server"` works.
+#   LCP_PYTHON      a Python whose `import llama_cpp.server` works (default: python; skipped when it fails)
+#   NP, CTX, THREADS, LEVELS, REQUESTS, MAX_TOKENS, ROUNDS: slots, context, threads and the load (defaults below)
 set -euo pipefail
 : "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
 NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
@@ -32,8 +33,9 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
     start upstream-n4 8105 "$LLAMA_SERVER" -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
         "${common[@]}" --port 8105
 fi
-if python -c "import llama_cpp.server" 2>/dev/null; then
-    start llama-cpp-python 8106 python -m llama_cpp.server --model "$T" --n_ctx "$CTX" --n_threads "$THREADS" \
+LCP_PYTHON=${LCP_PYTHON:-python}
+if "$LCP_PYTHON" -c "import llama_cpp.server" 2>/dev/null; then
+    start llama-cpp-python 8106 "$LCP_PYTHON" -m llama_cpp.server --model "$T" --n_ctx "$CTX" --n_threads "$THREADS" \
         --port 8106
 fi
 

@@ -388,17 +388,40 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
     }
 }
 
+// NaN logits (broken weights, a quantization that overflowed) make every choice arbitrary and every margin
+// meaningless: the generation stops with an error instead of producing text nobody can trust
+[[noreturn]] void fail_nan_logits() {
+    fail(PLS_ERR_DECODE, "the target produced NaN logits: its weights (or their quantization) are broken, so "
+                         "nothing it generates can be trusted");
+}
+
+void require_numbers(const float * logits, int32_t n_vocab) {
+    bool nan = false;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        nan |= logits[i] != logits[i];
+    }
+    if (nan) {
+        fail_nan_logits();
+    }
+}
+
 // index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick)
 llama_token argmax(const float * logits, int32_t n_vocab) {
+    int32_t best_i = 0;
     float best = logits[0];
+    bool nan = best != best;
     for (int32_t i = 1; i < n_vocab; ++i) {
-        best = std::max(best, logits[i]);
+        const float v = logits[i];
+        nan |= v != v;
+        if (v > best) {
+            best = v;
+            best_i = i;
+        }
     }
-    int32_t i = 0;
-    while (logits[i] != best) {
-        ++i;
+    if (nan) {
+        fail_nan_logits();
     }
-    return i;
+    return best_i;
 }
 
 // The target's verdict on one stream's draft: the committed tokens (accepted drafts + the target's own).
@@ -421,6 +444,7 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
                 a++;
             }
         }
+        require_numbers(llama_get_logits_ith(ctx, idxs[a]), s.n_vocab);
         llama_tokens ids(st.draft.begin(), st.draft.begin() + a);
         for (llama_token t : ids) {
             common_sampler_accept(smpl, t, true);
@@ -446,6 +470,9 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
             }
         }
         return ids;
+    }
+    for (size_t i = 0; i <= (refuse ? 0 : n_draft); ++i) {
+        require_numbers(llama_get_logits_ith(ctx, idxs[i]), s.n_vocab);
     }
     return common_sampler_sample_and_accept_n(smpl, ctx, refuse ? std::vector<int>{ idxs[0] } : idxs,
                                               refuse ? llama_tokens() : st.draft);

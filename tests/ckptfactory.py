@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -482,9 +482,11 @@ def write_target_hf_dir(
 
 
 def rewrite_gguf(src: str | Path, dst: str | Path, set_kv: Mapping[str, Any] | None = None,
-                 add_kv: Mapping[str, tuple[Any, Any, Any]] | None = None) -> Path:
-    """Copy a GGUF, tensors untouched, with the values of ``set_kv`` replaced (each keeps its type) and the
-    keys of ``add_kv`` added as ``key: (value, GGUFValueType, element type or None)``."""
+                 add_kv: Mapping[str, tuple[Any, Any, Any]] | None = None,
+                 set_tensors: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None) -> Path:
+    """Copy a GGUF with the values of ``set_kv`` replaced (each keeps its type), the keys of ``add_kv`` added as
+    ``key: (value, GGUFValueType, element type or None)``, and the data of the tensors in ``set_tensors``
+    replaced by what each function returns for it (same dtype and shape); other tensors untouched."""
     import gguf
 
     from pyllamaspec.ggufinfo import open_gguf
@@ -499,7 +501,10 @@ def rewrite_gguf(src: str | Path, dst: str | Path, set_kv: Mapping[str, Any] | N
     for key, (value, vtype, sub) in (add_kv or {}).items():
         writer.add_key_value(key, value, vtype, sub_type=sub)
     for t in source.tensor_views():
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        data = t.data
+        if set_tensors and t.name in set_tensors:
+            data = np.asarray(set_tensors[t.name](np.array(data)), dtype=data.dtype).reshape(data.shape)
+        writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

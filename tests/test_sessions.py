@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.tools import synth
-from pyllamaspec.errors import (ConfigError, ContextOverflowError, ModelLoadError, PairingError,
+from pyllamaspec.errors import (ConfigError, ContextOverflowError, GenerationError, ModelLoadError, PairingError,
                                 PlacementError, PyllamaspecError)
 
 N_PREDICT = 48
@@ -315,6 +316,27 @@ def test_prompt_token_outside_vocab(dense):
     with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], n_ctx=64)) as s:
         with pytest.raises(PyllamaspecError, match="outside the vocab"):
             s.generate([1, 2, 10_000_000], 4)
+
+
+@pytest.fixture(scope="module")
+def nan_target(dense_pair, tmp_path_factory):
+    """The dense target with a NaN final norm: every logit it computes is NaN."""
+    from ckptfactory import rewrite_gguf
+    path = rewrite_gguf(dense_pair[0], tmp_path_factory.mktemp("nan") / "nan-target.gguf",
+                        set_tensors={"output_norm.weight": lambda w: np.full_like(w, np.nan)})
+    with Model(path) as m:
+        yield m
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+@pytest.mark.parametrize("spec_types", [[], ["draft-simple"]])
+def test_nan_logits_end_the_generation_with_an_error(nan_target, dense, temp, spec_types):
+    _, drafter, _ = dense
+    config = SessionConfig(adaptive=False, spec_types=spec_types, n_ctx=128, temp=temp, seed=1)
+    with SpecSession(nan_target, drafter if spec_types else None, config) as s:
+        for _ in range(2):  # the session stays usable, and says so again
+            with pytest.raises(GenerationError, match="NaN logits"):
+                s.generate(PROMPT, 8)
 
 
 def test_ubatch_too_small_for_the_draft():

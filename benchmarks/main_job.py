@@ -1,0 +1,94 @@
+"""README's main job (`pyllamaspec generate` on its default pair and prompt) against plain decoding of the same
+target, arms interleaved in one run, one process per generation (as a user runs it).
+
+    python benchmarks/main_job.py --rounds 8 --json benchmarks/cpu-main-job.json
+
+Arms: plain (the target alone), the default (draft-simple, adaptive, ceiling 8) and the default with adaptive off
+(a fixed draft of 8 every step). The first round is a warm-up and is discarded; the arm order rotates per round.
+Decode tok/s excludes model loading and prompt processing (the session's own timers)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ARMS = {
+    "plain": ["-m", "qwen2.5-coder-1.5b-instruct"],
+    "default (adaptive)": [],
+    "fixed n8": ["--spec-adaptive", "off"],
+}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run(extra: list[str], n_predict: int) -> dict:
+    cmd = [sys.executable, "-m", "pyllamaspec.cli", "generate", *extra, "-n", str(n_predict), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=8, help="measured rounds (a warm-up round comes first)")
+    ap.add_argument("-n", "--n-predict", type=int, default=256)
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+
+    names = list(ARMS)
+    samples: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.rounds + 1):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            res = run(ARMS[name], args.n_predict)
+            st = res["stats"]
+            row = {"tok_s": st["tokens_per_second"], "acceptance": st["acceptance"],
+                   "al": st["mean_accepted_length"], "k_histogram": st["k_histogram"], "tokens": res["tokens"]}
+            print(f"round {r}{' (warm-up)' if r == 0 else ''} {name}: {row['tok_s']:.2f} tok/s", file=sys.stderr)
+            if r > 0:
+                samples[name].append(row)
+
+    plain = statistics.median(s["tok_s"] for s in samples["plain"])
+    report = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "cpu": cpu_model(),
+              "n_predict": args.n_predict, "rounds": args.rounds, "arms": {}}
+    reference = samples["plain"][0]["tokens"]
+    for name in names:
+        tok = [s["tok_s"] for s in samples[name]]
+        lo, hi = quartiles(tok)
+        med = statistics.median(tok)
+        report["arms"][name] = {
+            "command": "pyllamaspec generate " + " ".join(ARMS[name] + ["-n", str(args.n_predict)]),
+            "tok_s": tok, "median": med, "q1": lo, "q3": hi, "vs_plain": med / plain,
+            "acceptance": statistics.median(s["acceptance"] for s in samples[name]),
+            "al": statistics.median(s["al"] for s in samples[name]),
+            "k_histogram_last": samples[name][-1]["k_histogram"],
+            "same_tokens_as_plain": all(s["tokens"] == reference for s in samples[name]),
+        }
+        print(f"{name:20s} {med:7.2f} tok/s [{lo:.2f}, {hi:.2f}]  {med / plain:.2f}x plain", file=sys.stderr)
+    args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
