@@ -4,7 +4,8 @@ The servers are started beforehand (benchmarks/serve_load.sh does it for pyllama
 llama-server and llama-cpp-python's server); each is given as NAME=URL. Rounds interleave the servers and the
 concurrency levels (round r: for each concurrency, every server in a rotated order), after one discarded warm-up
 phase per server. Every request is a streamed chat completion at temperature 0 with a fixed max_tokens; a phase
-of concurrency c runs c clients that each send --requests prompts one after another. A phase's throughput is
+of concurrency c runs c clients that each send --requests prompts one after another, each prompt numbered so that
+no server has seen it before (the numbers, not the prompts, differ between phases). A phase's throughput is
 its generated tokens over its wall time; TTFT is from sending a request to its first content.
 
     python benchmarks/serve_load.py --server ours=http://127.0.0.1:8081 --server upstream=http://127.0.0.1:8082 \\
@@ -34,8 +35,13 @@ def load_prompts(classes: list[str]) -> list[str]:
     return prompts
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+def served_model(url: str) -> str:
+    """The id the server lists first (a server may refuse a model name it does not serve)."""
+    return httpx.get(url + "/v1/models", timeout=30.0).json()["data"][0]["id"]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft = None
@@ -60,13 +66,15 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
             "tokens_from": "usage" if usage else "chunks"}
 
 
-async def phase(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, offset: int) -> dict:
+async def phase(url: str, model: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
+                offset: int) -> dict:
     async with httpx.AsyncClient(timeout=600.0) as client:
         async def worker(w: int) -> list[dict]:
             out = []
             for i in range(requests):
-                prompt = prompts[(offset + w * requests + i) % len(prompts)]
-                out.append(await one_request(client, url, prompt, max_tokens))
+                # a request number first: no server answers from a cache of a prompt it has seen before
+                prompt = f"Request {offset}.{w}.{i}. " + prompts[(offset + w * requests + i) % len(prompts)]
+                out.append(await one_request(client, url, model, prompt, max_tokens))
             return out
 
         t0 = time.perf_counter()
@@ -98,8 +106,9 @@ def main() -> int:
     servers = dict(item.split("=", 1) for item in args.server)
     levels = [int(x) for x in args.concurrency.split(",")]
     prompts = load_prompts(args.classes.split(","))
+    models = {name: served_model(url) for name, url in servers.items()}
     for name, url in servers.items():  # warm-up, discarded
-        asyncio.run(phase(url, prompts, max(levels), 1, args.max_tokens, 0))
+        asyncio.run(phase(url, models[name], prompts, max(levels), 1, args.max_tokens, 0))
         print(f"warm: {name}", flush=True)
     phases: list[dict] = []
     names = list(servers)
@@ -108,7 +117,7 @@ def main() -> int:
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 # the same prompts for every server in a round and level
-                result = asyncio.run(phase(servers[name], prompts, c, args.requests, args.max_tokens,
+                result = asyncio.run(phase(servers[name], models[name], prompts, c, args.requests, args.max_tokens,
                                            offset=r * 97 + c))
                 result.update(server=name, round=r)
                 phases.append(result)

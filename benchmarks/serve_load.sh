@@ -34,8 +34,10 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
         "${common[@]}" --port 8105
 fi
 LCP_PYTHON=${LCP_PYTHON:-python}
+# llama-cpp-python serves one request at a time; by default a new request interrupts the one running
 if "$LCP_PYTHON" -c "import llama_cpp.server" 2>/dev/null; then
     start llama-cpp-python 8106 "$LCP_PYTHON" -m llama_cpp.server --model "$T" --n_ctx "$CTX" --n_threads "$THREADS" \
+        --interrupt_requests False \
         --port 8106
 fi
 
