@@ -124,6 +124,8 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
     out->adaptive = s->sp.adaptive != 0;
     out->synthetic = !s->synth_probs.empty();
     out->drafter_kind = s->drafter_kind;
+    out->n_threads = (int32_t) llama_n_threads(s->ctx_tgt.get());
+    out->n_threads_batch = (int32_t) llama_n_threads_batch(s->ctx_tgt.get());
     return PLS_OK;
 }
 

@@ -75,9 +75,9 @@ common_params session_common_params(const pls_session_params & p) {
     c.n_batch = p.n_batch;
     c.n_ubatch = p.n_ubatch;
     c.n_parallel = p.n_parallel;
-    if (p.n_threads > 0) {
-        c.cpuparams.n_threads = p.n_threads;
-    }
+    // unset: the cores useful for math, as llama.cpp's tools resolve it (a context given -1 would run
+    // GGML_DEFAULT_N_THREADS = 4 threads, oversubscribing a 2-core machine); the drafter inherits both
+    c.cpuparams.n_threads = p.n_threads > 0 ? p.n_threads : common_cpu_get_num_math();
     c.cpuparams_batch.n_threads = p.n_threads_batch > 0 ? p.n_threads_batch : c.cpuparams.n_threads;
     c.cache_type_k = p.type_k >= 0 ? (ggml_type) p.type_k : GGML_TYPE_F16;
     c.cache_type_v = p.type_v >= 0 ? (ggml_type) p.type_v : GGML_TYPE_F16;

@@ -158,7 +158,7 @@ class SessionConfig:
     n_batch: int = 2048
     n_ubatch: int = 512
     n_parallel: int = 1
-    n_threads: int = 0              # 0: llama.cpp's default
+    n_threads: int = 0              # 0: the CPU cores useful for math (as llama.cpp's tools count them)
     n_threads_batch: int = 0
     n_threads_draft: int = 0
     cache_type_k: str = "f16"

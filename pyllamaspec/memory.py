@@ -102,6 +102,29 @@ def max_parallel(target: str | os.PathLike, drafter: str | os.PathLike | None = 
     return lo
 
 
+def check_fits(target: str | os.PathLike, drafter: str | os.PathLike | None = None, *,
+               target_config: ModelConfig | None = None, drafter_config: ModelConfig | None = None,
+               session_config: SessionConfig | None = None, headroom: int = 512 * MiB,
+               host_available: int | None = None) -> MemoryEstimate:
+    """estimate_memory(...).check(...); when several sequences do not fit, the error also says how many would."""
+    session_config = session_config or SessionConfig()
+    estimate = estimate_memory(target, drafter, target_config=target_config, drafter_config=drafter_config,
+                               session_config=session_config)
+    try:
+        estimate.check(headroom, host_available)
+    except MemoryBudgetError as error:
+        n = session_config.n_parallel
+        if n <= 1:
+            raise
+        fit = max_parallel(target, drafter, target_config=target_config, drafter_config=drafter_config,
+                           session_config=session_config.replace(n_parallel=1), headroom=headroom,
+                           host_available=host_available, upper=n - 1)
+        hint = (f"at most {fit} of the {n} sequences fit with these settings (n_parallel / -np {fit})" if fit else
+                f"not even one of the {n} sequences fits with these settings")
+        raise MemoryBudgetError(f"{error}; {hint}") from None
+    return estimate
+
+
 def _host_available() -> int | None:
     """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
     try:

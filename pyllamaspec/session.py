@@ -153,6 +153,8 @@ class SessionInfo:
     adaptive: bool
     synthetic: bool               # synthetic acceptance: the output is not the model's (speed measurement only)
     drafter_kind: str             # how a draft is priced: draft model, autoregressive, block, n-gram
+    n_threads: int                # CPU threads for generation (n_threads 0: the cores useful for math)
+    n_threads_batch: int          # and for prompt processing
 
 
 @dataclass(frozen=True)
@@ -308,7 +310,8 @@ class SpecSession:
             target_layers=tuple(o.target_layers[i] for i in range(o.n_target_layers)),
             target_head_device=ffi.string(o.target_head_device).decode(),
             draft_device=ffi.string(o.draft_device).decode(), adaptive=bool(o.adaptive), synthetic=bool(o.synthetic),
-            drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"))
+            drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"), n_threads=o.n_threads,
+            n_threads_batch=o.n_threads_batch)
 
     # -- text helpers ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import pytest
 from pyllamaspec import SessionConfig
 from pyllamaspec.tools import synth
 from pyllamaspec.errors import MemoryBudgetError
-from pyllamaspec.memory import DeviceMemory, MemoryEstimate, estimate_memory, max_parallel
+from pyllamaspec.memory import DeviceMemory, MemoryEstimate, check_fits, estimate_memory, max_parallel
 
 
 def total_need(estimate: MemoryEstimate) -> DeviceMemory:
@@ -73,6 +73,26 @@ def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
     with pytest.raises(MemoryBudgetError):
         estimate_memory(target, session_config=cfg.replace(n_parallel=n + 1)).check(host_available=room)
     assert max_parallel(target, session_config=cfg, host_available=one.context) == 0  # not even one
+
+
+def test_too_many_sequences_are_refused_with_the_count_that_fits(hybrid_pair):
+    from pyllamaspec.buildinfo import info
+    if set(info().get("backends", [])) - {"cpu"}:
+        pytest.skip("the context sits in GPU memory in a GPU build; host_available does not bound it there")
+    target, _ = hybrid_pair
+    cfg = SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=8, n_rs_seq=8, n_ctx=512)
+    one = total_need(estimate_memory(target, session_config=cfg))
+    four = total_need(estimate_memory(target, session_config=cfg.replace(n_parallel=4)))
+    room = one.context + one.compute + 512 * 2 ** 20 + (four.context + four.compute - one.context - one.compute) // 2
+    fit = max_parallel(target, session_config=cfg, host_available=room)
+    with pytest.raises(MemoryBudgetError, match=rf"at most {fit} of the 4 sequences fit .*-np {fit}\)"):
+        check_fits(target, session_config=cfg.replace(n_parallel=4), host_available=room)
+    check_fits(target, session_config=cfg.replace(n_parallel=fit), host_available=room)
+    with pytest.raises(MemoryBudgetError, match="not even one of the 4 sequences fits"):
+        check_fits(target, session_config=cfg.replace(n_parallel=4), host_available=one.context)
+    with pytest.raises(MemoryBudgetError) as single:  # one sequence: nothing to suggest about the count
+        check_fits(target, session_config=cfg, host_available=one.context)
+    assert "sequences" not in str(single.value)
 
 
 def test_dense_target_keeps_no_ring_and_no_ring_limit(dense_pair):

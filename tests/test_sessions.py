@@ -273,6 +273,17 @@ def test_context_full_ends_generation(dense):
         assert r.finish_reason == "context" and n_ctx - 2 <= len(PROMPT) + len(r.tokens) <= n_ctx
 
 
+def test_threads_default_to_the_cores_and_explicit_counts_are_kept(dense):
+    import os
+    target, _, _ = dense
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64)) as s:
+        # llama.cpp's tools use every core useful for math; never ggml's fixed default of 4 on a smaller machine
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert 1 <= s.info.n_threads <= max(cores, 1) and s.info.n_threads_batch == s.info.n_threads
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=64, n_threads=3, n_threads_batch=5)) as s:
+        assert (s.info.n_threads, s.info.n_threads_batch) == (3, 5)
+
+
 # ---- bad input: typed exceptions, no crash --------------------------------------------------
 
 def test_missing_model_file(tmp_path):

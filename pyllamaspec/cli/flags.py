@@ -89,11 +89,11 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_size_help: str | N
     g.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=None, metavar="N",
                    help=f"physical batch size (default: {_shown(SessionConfig, 'n_ubatch')})")
     g.add_argument("-t", "--threads", dest="n_threads", type=int, default=None, metavar="N",
-                   help="threads for generation (default: llama.cpp's choice)")
+                   help="threads for generation (default: the CPU cores useful for math, as llama.cpp's tools count them)")
     g.add_argument("-tb", "--threads-batch", dest="n_threads_batch", type=int, default=None, metavar="N",
                    help="threads for prompt processing (default: as --threads)")
     g.add_argument("-td", "--threads-draft", dest="n_threads_draft", type=int, default=None, metavar="N",
-                   help="threads of the drafter (default: llama.cpp's choice)")
+                   help="threads of the drafter (default: as --threads and --threads-batch)")
     types = ", ".join(KV_CACHE_TYPES)
     for short, long, name, whose in (("-ctk", "--cache-type-k", "cache_type_k", "target's K"),
                                      ("-ctv", "--cache-type-v", "cache_type_v", "target's V"),

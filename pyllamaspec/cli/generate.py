@@ -143,7 +143,7 @@ def session_config(args: argparse.Namespace, types: tuple[str, ...] | None, *, m
 def open_session(args: argparse.Namespace, margins: bool = False, **overrides):
     """Models and session from the flags: (target, drafter or None, session). overrides: SessionConfig fields
     a command sets itself."""
-    from ..memory import estimate_memory
+    from ..memory import check_fits
     from ..model import Model
     from ..session import SpecSession
 
@@ -160,8 +160,8 @@ def open_session(args: argparse.Namespace, margins: bool = False, **overrides):
              "--spec-type ngram-mod to draft from the text itself.")
     if not args.no_memory_check:
         # refuse with numbers before anything is allocated
-        estimate_memory(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,
-                        session_config=cfg).check()
+        check_fits(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,
+                   session_config=cfg)
     target = Model(target_path, target_cfg)
     try:
         drafter = Model(drafter_path, drafter_cfg) if drafter_path is not None else None

@@ -228,6 +228,8 @@ typedef struct pls_session_info {
     int32_t adaptive;
     int32_t synthetic;              /* synthetic acceptance: output is not the model's */
     int32_t drafter_kind;           /* PLS_DRAFTER_*: how the controller prices a draft */
+    int32_t n_threads;              /* the target context's threads for generation (the drafter's the same) */
+    int32_t n_threads_batch;        /* and for prompt processing */
 } pls_session_info;
 
 /* How a speculative source is priced: a draft model run by the shim token by token (k = 0 skips it
