@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ARMS = {
@@ -36,7 +37,8 @@ def cpu_model() -> str:
 
 def run(extra: list[str], n_predict: int) -> dict:
     cmd = [sys.executable, "-m", "pyllamaspec.cli", "generate", *extra, "-n", str(n_predict), "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # not from a source checkout's root, where `-m` would import the source tree instead of the installed package
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
     return json.loads(out.stdout)

@@ -10,6 +10,8 @@
 set -euo pipefail
 : "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
 NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
+T=$(realpath "$T"); D=$(realpath "$D")
+HERE=$(cd "$(dirname "$0")" && pwd)
 LOGS=$(mktemp -d)
 PIDS=()
 SERVERS=()
@@ -18,7 +20,8 @@ trap cleanup EXIT
 
 start() {  # name port command...
     local name=$1 port=$2; shift 2
-    "$@" > "$LOGS/$name.log" 2>&1 &
+    # from the log directory: `python -m` in a source checkout's root would import the source tree
+    (cd "$LOGS" && exec "$@") > "$LOGS/$name.log" 2>&1 &
     PIDS+=($!)
     SERVERS+=(--server "$name=http://127.0.0.1:$port")
 }
@@ -29,6 +32,7 @@ start ours-adaptive 8102 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec
 start ours-n4 8103 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
     --spec-adaptive off "${common[@]}" --port 8103
 if [ -n "${LLAMA_SERVER:-}" ]; then
+    LLAMA_SERVER=$(realpath "$LLAMA_SERVER")
     start upstream-plain 8104 "$LLAMA_SERVER" -m "$T" "${common[@]}" --port 8104
     start upstream-n4 8105 "$LLAMA_SERVER" -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
         "${common[@]}" --port 8105
@@ -50,5 +54,5 @@ for s in "${SERVERS[@]}"; do
         sleep 0.5
     done
 done
-python "$(dirname "$0")/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
+python "$HERE/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
     --max-tokens "${MAX_TOKENS:-64}" --rounds "${ROUNDS:-3}" --json "$OUT"
