@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pls {
 
@@ -395,33 +396,41 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
                          "nothing it generates can be trusted");
 }
 
+// 1 when x is a NaN: all-ones exponent and a mantissa; an integer test the compiler vectorizes
+inline uint32_t is_nan_bits(const float & x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    return (bits & 0x7fffffffu) > 0x7f800000u ? 1u : 0u;
+}
+
 void require_numbers(const float * logits, int32_t n_vocab) {
-    bool nan = false;
+    uint32_t nan = 0;
     for (int32_t i = 0; i < n_vocab; ++i) {
-        nan |= logits[i] != logits[i];
+        nan |= is_nan_bits(logits[i]);
     }
     if (nan) {
         fail_nan_logits();
     }
 }
 
-// index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick)
+// index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick):
+// a vectorizable pass for the maximum (and any NaN), then the first position holding it - which exists, since
+// without NaNs the maximum is one of the values
 llama_token argmax(const float * logits, int32_t n_vocab) {
-    int32_t best_i = 0;
     float best = logits[0];
-    bool nan = best != best;
-    for (int32_t i = 1; i < n_vocab; ++i) {
-        const float v = logits[i];
-        nan |= v != v;
-        if (v > best) {
-            best = v;
-            best_i = i;
-        }
+    uint32_t nan = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        best = std::max(best, logits[i]);
+        nan |= is_nan_bits(logits[i]);
     }
     if (nan) {
         fail_nan_logits();
     }
-    return best_i;
+    int32_t i = 0;
+    while (logits[i] != best) {
+        ++i;
+    }
+    return i;
 }
 
 // The target's verdict on one stream's draft: the committed tokens (accepted drafts + the target's own).

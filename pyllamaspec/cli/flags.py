@@ -89,7 +89,8 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_size_help: str | N
     g.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, default=None, metavar="N",
                    help=f"physical batch size (default: {_shown(SessionConfig, 'n_ubatch')})")
     g.add_argument("-t", "--threads", dest="n_threads", type=int, default=None, metavar="N",
-                   help="threads for generation (default: the CPU cores useful for math, as llama.cpp's tools count them)")
+                   help="threads for generation (default: the CPU cores useful for math, as llama.cpp's tools "
+                        "count them)")
     g.add_argument("-tb", "--threads-batch", dest="n_threads_batch", type=int, default=None, metavar="N",
                    help="threads for prompt processing (default: as --threads)")
     g.add_argument("-td", "--threads-draft", dest="n_threads_draft", type=int, default=None, metavar="N",
