@@ -57,7 +57,9 @@ def test_a_kv_cache_larger_than_host_memory_is_refused():
     estimate.check(host_available=80 * gib)
 
 
-def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
+def ring_room(hybrid_pair):
+    """A hybrid target, a config whose slots each keep a snapshot ring, the estimate for one slot, and a host budget
+    between what one slot and four slots need."""
     from pyllamaspec.buildinfo import info
     if set(info().get("backends", [])) - {"cpu"}:
         pytest.skip("the context sits in GPU memory in a GPU build; host_available does not bound it there")
@@ -67,6 +69,11 @@ def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
     four = total_need(estimate_memory(target, session_config=cfg.replace(n_parallel=4)))
     assert four.context > one.context  # each slot keeps its own snapshot planes
     room = one.context + one.compute + 512 * 2 ** 20 + (four.context + four.compute - one.context - one.compute) // 2
+    return target, cfg, one, room
+
+
+def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
+    target, cfg, one, room = ring_room(hybrid_pair)
     n = max_parallel(target, session_config=cfg, host_available=room)
     assert 1 <= n < 4
     estimate_memory(target, session_config=cfg.replace(n_parallel=n)).check(host_available=room)
@@ -76,14 +83,7 @@ def test_max_parallel_is_the_slot_count_that_fits(hybrid_pair):
 
 
 def test_too_many_sequences_are_refused_with_the_count_that_fits(hybrid_pair):
-    from pyllamaspec.buildinfo import info
-    if set(info().get("backends", [])) - {"cpu"}:
-        pytest.skip("the context sits in GPU memory in a GPU build; host_available does not bound it there")
-    target, _ = hybrid_pair
-    cfg = SessionConfig(adaptive=False, spec_types="ngram-mod", n_max=8, n_rs_seq=8, n_ctx=512)
-    one = total_need(estimate_memory(target, session_config=cfg))
-    four = total_need(estimate_memory(target, session_config=cfg.replace(n_parallel=4)))
-    room = one.context + one.compute + 512 * 2 ** 20 + (four.context + four.compute - one.context - one.compute) // 2
+    target, cfg, one, room = ring_room(hybrid_pair)
     fit = max_parallel(target, session_config=cfg, host_available=room)
     with pytest.raises(MemoryBudgetError, match=rf"at most {fit} of the 4 sequences fit .*-np {fit}\)"):
         check_fits(target, session_config=cfg.replace(n_parallel=4), host_available=room)
