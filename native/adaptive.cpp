@@ -22,6 +22,7 @@ constexpr int32_t LEDGER_STEPS = 48;       // speculative steps judged together
 constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the window (1 / sqrt(tokens))
 constexpr int32_t PLAIN_REFRESH = 128;     // a plain step at least this often while speculating
 constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
+constexpr double BEST_CASE_MARGIN = 1.1;   // drafting "could pay" when every token landing beats plain by this
 constexpr double CATCHUP_PLAIN_STEPS = 8.0;  // one catch-up of a draft model costs at most about this many plain steps
 
 }  // namespace
@@ -53,29 +54,73 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
         if (!(ref > 0.0) && has_any()) {
             ref = predict(n_tokens, bucket);  // nothing seen twice here yet: the sizes seen once, a neighbour's curve
         }
-        if (ref > 0.0) {
-            ms = std::min(ms, 1.5 * ref);
+        bool capped = false;
+        if (ref > 0.0 && ms > 1.5 * ref) {
+            ms = 1.5 * ref;
+            capped = true;
         }
         b.keys.insert(it, n_tokens);
         b.ms.insert(b.ms.begin() + i, ms);
         b.count.insert(b.count.begin() + i, 1);
+        b.capped.insert(b.capped.begin() + i, capped ? 1 : 0);
     } else {
         // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
         double & cell = b.ms[i];
         if (b.count[i]++ == 1) {
-            cell = std::min(cell, ms);  // the second run of a size replaces a first run that paid a warm-up
+            // the second run of a size replaces a first run that paid a warm-up - or one that was capped (the
+            // prediction it was capped by was a guess: this run says what the size really costs)
+            cell = b.capped[i] ? ms : std::min(cell, ms);
+            b.capped[i] = 0;
         } else {
             const double x = std::clamp(ms, cell / 3.0, cell * 3.0);
             cell += EMA * (x - cell);
         }
     }
     b.n_seen++;
+    rebuild(b);
+}
+
+void cost_table::rebuild(bucket_data & b) {
     b.env.resize(b.ms.size());
     double run = 0.0;
     for (size_t j = 0; j < b.ms.size(); ++j) {
         run = std::max(run, b.ms[j]);
         b.env[j] = run;
     }
+}
+
+void cost_table::export_points(int32_t table, std::vector<cost_point> & out) const {
+    for (int32_t bk = 0; bk < N_BUCKETS; ++bk) {
+        const bucket_data & b = b_[bk];
+        for (size_t j = 0; j < b.keys.size(); ++j) {
+            if (b.count[j] >= 2 || !b.capped[j]) {  // a capped first run says little but that it was dear
+                out.push_back({ table, bk, b.keys[j], b.count[j], b.ms[j] });
+            }
+        }
+    }
+}
+
+void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, double ms) {
+    if (bucket < 0 || bucket >= N_BUCKETS || n_tokens < 1 || n_tokens > MAX_T || count < 1 || !(ms >= 0.0) ||
+        !std::isfinite(ms)) {
+        return;
+    }
+    bucket_data & b = b_[bucket];
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
+    const size_t i = it - b.keys.begin();
+    count = std::min(count, 2);
+    if (it == b.keys.end() || *it != n_tokens) {
+        b.keys.insert(it, n_tokens);
+        b.ms.insert(b.ms.begin() + i, ms);
+        b.count.insert(b.count.begin() + i, count);
+        b.capped.insert(b.capped.begin() + i, 0);
+    } else {
+        b.ms[i] = ms;
+        b.count[i] = count;
+        b.capped[i] = 0;
+    }
+    b.n_seen += count;
+    rebuild(b);
 }
 
 double cost_table::predict_in(const bucket_data & b, int32_t n_tokens) const {
@@ -129,26 +174,27 @@ double cost_table::predict_confirmed(const bucket_data & b, int32_t n_tokens) co
     return predict_in(c, n_tokens);
 }
 
+int32_t cost_table::curve_of(int32_t bucket) const {
+    // the nearest bucket (shallower first: costs only grow with depth) with a curve, i.e. two sizes or more
+    for (int32_t d = 0; d < N_BUCKETS; ++d) {
+        if (bucket - d >= 0 && b_[bucket - d].keys.size() >= 2) {
+            return bucket - d;
+        }
+        if (d > 0 && bucket + d < N_BUCKETS && b_[bucket + d].keys.size() >= 2) {
+            return bucket + d;
+        }
+    }
+    return -1;
+}
+
 double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
     n_tokens = std::clamp(n_tokens, 1, MAX_T);
     bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
-    // the nearest bucket (shallower first: costs only grow with depth) with a curve, i.e. two sizes or more
-    auto nearest = [&](size_t min_keys) -> int32_t {
-        for (int32_t d = 0; d < N_BUCKETS; ++d) {
-            if (bucket - d >= 0 && b_[bucket - d].keys.size() >= min_keys) {
-                return bucket - d;
-            }
-            if (d > 0 && bucket + d < N_BUCKETS && b_[bucket + d].keys.size() >= min_keys) {
-                return bucket + d;
-            }
-        }
-        return -1;
-    };
     const bucket_data & b = b_[bucket];
     if (b.keys.size() >= 2 || (b.keys.size() == 1 && b.keys[0] == n_tokens)) {
         return predict_in(b, n_tokens);
     }
-    const int32_t curve = nearest(2);
+    const int32_t curve = curve_of(bucket);
     if (b.keys.size() == 1 && curve >= 0) {
         // one size seen at this depth (a calibration step): the shape of a neighbouring depth's curve, scaled to it
         const double at = predict_in(b_[curve], b.keys[0]);
@@ -157,7 +203,14 @@ double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
     if (!b.keys.empty()) {
         return predict_in(b, n_tokens);
     }
-    const int32_t any = curve >= 0 ? curve : nearest(1);
+    int32_t any = curve;
+    for (int32_t d = 0; d < N_BUCKETS && any < 0; ++d) {
+        if (bucket - d >= 0 && !b_[bucket - d].keys.empty()) {
+            any = bucket - d;
+        } else if (d > 0 && bucket + d < N_BUCKETS && !b_[bucket + d].keys.empty()) {
+            any = bucket + d;
+        }
+    }
     if (any >= 0) {
         return predict_in(b_[any], n_tokens);
     }
@@ -183,6 +236,23 @@ bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
     const auto & b = b_[bucket];
     const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), std::min(n_tokens, MAX_T));
     return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= 2;
+}
+
+bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
+    bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
+    auto at = [&](int32_t bk) {
+        const bucket_data & b = b_[bk];
+        const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), std::min(n_tokens, MAX_T));
+        return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= min_count;
+    };
+    if (at(bucket)) {
+        return true;
+    }
+    if (b_[bucket].keys.size() >= 2) {
+        return false;
+    }
+    const int32_t curve = curve_of(bucket);
+    return curve >= 0 && at(curve);
 }
 
 bool cost_table::has_any() const {
@@ -438,20 +508,22 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     }
     const int32_t explore_cap = priced ? p_.n_max : PROBE_K;
 
-    // probes: streams that are off draft a little when their gap runs out - unless drafting could not pay even
-    // if every drafted token landed (then nothing is learnt by probing, at a cost)
+    // probes: streams that are off draft when their gap runs out - a little to learn acceptance, or at the size the
+    // best case rests on to measure its cost - unless drafting could not pay even if every drafted token landed
+    // (then nothing is learnt by probing, at a cost)
     std::vector<int32_t> k(n, 0);
     double expect = n_active;  // every stream commits at least its target token
     for (int32_t i = 0; i < n; ++i) {
         stream_state & s = s_[i];
         s.probing = false;
-        if (!active[i] || !s.off) {
-            continue;
+        if (!active[i] || !s.off || free[i] > 0) {
+            continue;  // on, or off with a free draft this step: the rows below judge it, no probe needed
         }
-        if (s.gap <= 0 && cap_of(i) > 0 && !could_pay(i, cap_of(i), bucket, free)) {
+        const int32_t len = s.gap <= 0 && cap_of(i) > 0 ? probe_len(i, cap_of(i), bucket, free, n_active == 1) : 0;
+        if (s.gap <= 0 && len == 0) {
             s.gap = s.gap_len;
-        } else if (s.gap <= 0 && cap_of(i) > 0) {
-            k[i] = std::min(cap_of(i), PROBE_K);
+        } else if (s.gap <= 0) {
+            k[i] = len;
             s.probing = true;
             double surv = 1.0;
             for (int32_t j = 0; j < k[i]; ++j) {
@@ -463,11 +535,13 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         }
     }
 
-    // candidate rows of the streams that are on, best survival first
+    // candidate rows of the streams that are on - and of those off whose step has a free draft (off means their
+    // drafter does not pay; a free draft costs only its verify rows, and its own acceptance judges it) - best
+    // survival first
     struct row { double surv; int32_t stream; int32_t pos; };
     std::vector<row> rows;
     for (int32_t i = 0; i < n; ++i) {
-        if (!active[i] || s_[i].off) {
+        if (!active[i] || (s_[i].off && free[i] == 0)) {
             continue;
         }
         double surv = 1.0;
@@ -551,22 +625,92 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
     }
 }
 
-bool controller::could_pay(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free) const {
-    // until a short draft's cost has been measured twice here, it may be a one-off: keep probing
-    if (!target_.confirmed_at(1 + PROBE_K, bucket)) {
-        return true;
-    }
+int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free,
+                              bool alone) const {
     // the best case: every drafted token lands, nothing to catch up
     std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
     act[stream] = 1;
     const double plain = 1.0 / predict_step(k, act, pend, bucket, free);
+    int32_t best = 0;
+    double best_rate = plain;
     for (int32_t j = 1; j <= cap; ++j) {
         k[stream] = j;
-        if ((1.0 + j) / predict_step(k, act, pend, bucket, free) > plain) {
-            return true;
+        const double rate = (1.0 + j) / predict_step(k, act, pend, bucket, free);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = j;
         }
     }
-    return false;
+    if (best == 0 || best_rate <= BEST_CASE_MARGIN * plain) {
+        // nothing pays by these costs (a best case barely above plain decoding is no case: acceptance is never 1);
+        // believed once a short draft's cost was measured twice (a single run may have paid a warm-up) and the
+        // ceiling's at least once, else measure what is missing
+        if (!target_.measured_for(1 + PROBE_K, bucket, 2)) {
+            return std::min(cap, PROBE_K);
+        }
+        if (!alone) {
+            return 0;  // beside other streams a probe's batch is not the size to measure
+        }
+        for (int32_t n_tok = 1 + cap; n_tok <= 1 + std::max(cap, p_.n_max); ++n_tok) {
+            if (target_.measured_for(n_tok, bucket, 1)) {
+                return 0;  // measured at this size or beyond: the sizes below are interpolated, not guessed
+            }
+        }
+        return cap;
+    }
+    // the best case pays where it rests on a size never measured twice: measure that size (the gain expected at
+    // it pays for much of the probe), else probe short to learn acceptance
+    return !alone || target_.measured_for(1 + best, bucket, 2) ? std::min(cap, PROBE_K) : best;
+}
+
+bool controller::worth_drafting(int32_t depth) const {
+    if (!p_.adaptive || p_.kind != DRAFTER_MODEL || p_.n_max < 1) {
+        return true;
+    }
+    const int32_t bucket = cost_table::bucket_of(depth);
+    if (!target_.known(bucket) && !target_.has_any()) {
+        return true;
+    }
+    return probe_len(0, p_.n_max, bucket, {}, true) > 0;
+}
+
+std::vector<cost_point> controller::export_costs() const {
+    std::vector<cost_point> out;
+    target_.export_points(COST_TARGET, out);
+    draft_first_.export_points(COST_DRAFT_FIRST, out);
+    draft_rest_.export_points(COST_DRAFT_REST, out);
+    draft_call_.export_points(COST_DRAFT_CALL, out);
+    if (overhead_seen_plain_) {
+        out.push_back({ COST_OVERHEAD_PLAIN, 0, 0, 1, overhead_plain_ });
+    }
+    if (overhead_seen_spec_) {
+        out.push_back({ COST_OVERHEAD_SPEC, 0, 0, 1, overhead_spec_ });
+    }
+    return out;
+}
+
+void controller::import_costs(const std::vector<cost_point> & pts) {
+    for (const cost_point & c : pts) {
+        switch (c.table) {
+            case COST_TARGET: target_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_DRAFT_FIRST: draft_first_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_DRAFT_REST: draft_rest_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_DRAFT_CALL: draft_call_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_OVERHEAD_PLAIN:
+                if (c.ms >= 0.0 && std::isfinite(c.ms)) {
+                    overhead_plain_ = c.ms;
+                    overhead_seen_plain_ = true;
+                }
+                break;
+            case COST_OVERHEAD_SPEC:
+                if (c.ms >= 0.0 && std::isfinite(c.ms)) {
+                    overhead_spec_ = c.ms;
+                    overhead_seen_spec_ = true;
+                }
+                break;
+            default: break;
+        }
+    }
 }
 
 int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
@@ -730,11 +874,14 @@ void controller::observe(const step_obs & o) {
             s.off = false;
             s.steps = 0;
         } else {
-            // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse
+            // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse -
+            // but a cost still to measure is measured soon, while a draft model has little to catch up
             std::vector<int32_t> free(n, 0);
             free[i] = s.src;
             const int32_t cap = probe_gap_cap(i, bucket, free);
-            s.gap_len = std::min(std::max(2 * s.gap_len, cap / 4), cap);
+            const int32_t next = probe_len(i, p_.n_max, bucket, free, n_active == 1);
+            const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, bucket, 2));
+            s.gap_len = owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
             s.gap = s.gap_len;
         }
     }

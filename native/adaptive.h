@@ -14,8 +14,11 @@
 // (stream, position) rows, taken in order of survival probability, that maximises
 //     (streams + sum of survivals) / (draft cost + target cost + overhead).
 // While a stream sits at k = 0 it is probed with a short draft at growing intervals, the gap capped so the
-// probes cost at most ~2% of plain decoding; a ledger of realised time against estimated plain time over a
-// window turns speculation off when it lags.
+// probes cost at most ~2% of plain decoding - unless drafting could not pay even if every drafted token landed,
+// by costs measured here (a probe measures the batch size that verdict rests on, early): then nothing is
+// probed, and a draft model does not read new prompts. A ledger of realised time against estimated plain time
+// over a window turns speculation off when it lags. Costs can be exported and imported, so a later session of
+// the same setup starts from them.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,23 @@ enum drafter_kind : int32_t {
     DRAFTER_NGRAM = 4,           // lookup in the context: almost free
 };
 
+// One learnt cost, as exported and imported (tables: COST_*).
+enum cost_table_id : int32_t {
+    COST_TARGET = 0,
+    COST_DRAFT_FIRST = 1,
+    COST_DRAFT_REST = 2,
+    COST_DRAFT_CALL = 3,
+    COST_OVERHEAD_PLAIN = 4,  // n_tokens 0
+    COST_OVERHEAD_SPEC = 5,   // n_tokens 0
+};
+struct cost_point {
+    int32_t table = 0;
+    int32_t bucket = 0;
+    int32_t n_tokens = 0;
+    int32_t count = 0;
+    double ms = 0.0;
+};
+
 // Cost of a batch by its token count, per depth bucket, learnt by EMA per size.
 class cost_table {
 public:
@@ -46,8 +66,15 @@ public:
     bool known(int32_t bucket) const;
     bool known_at(int32_t n_tokens, int32_t bucket) const;
     bool confirmed_at(int32_t n_tokens, int32_t bucket) const;  // seen at least twice
+    // measured at least min_count times here, or - where this depth has only a calibration step - on the curve
+    // predict() borrows for it
+    bool measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
     bool has_any() const;
     void clear();
+
+    // what was learnt, to seed a later session on the same machine
+    void export_points(int32_t table, std::vector<cost_point> & out) const;
+    void import_point(int32_t bucket, int32_t n_tokens, int32_t count, double ms);
 
     double prior_base = 0.0;   // used only while nothing at all was observed
     double prior_slope = 0.25; // relative cost of each extra token in that case
@@ -58,12 +85,16 @@ private:
         std::vector<double> ms;      // EMA cost per key
         std::vector<double> env;     // monotone envelope of ms (running max), rebuilt on change
         std::vector<int32_t> count;  // observations per key
+        std::vector<uint8_t> capped; // the first observation was capped (it may have paid a one-time cost)
         int32_t n_seen = 0;
     };
     bucket_data b_[N_BUCKETS];
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
+    int32_t curve_of(int32_t bucket) const;  // the bucket whose curve predict() uses for this one (-1: none)
+    static void rebuild(bucket_data & b);
 };
+
 
 // Decayed counts of position-wise acceptance.
 struct hazard_counts {
@@ -117,6 +148,16 @@ public:
     // forget acceptance history of a stream (a new prompt in it); costs stay
     void reset_stream(int32_t stream);
 
+    // false when a lone stream at this depth could not gain from drafting even if every drafted token landed, by
+    // costs measured here (then a draft model need not read a new prompt: it catches up if that ever changes)
+    bool worth_drafting(int32_t depth) const;
+
+    // the learnt costs, to seed a later session of the same models on the same machine; import keeps at most
+    // two observations per size, so what this machine measures now soon outweighs them (a size seen once is
+    // imported as seen once: its next run may still replace it)
+    std::vector<cost_point> export_costs() const;
+    void import_costs(const std::vector<cost_point> & pts);
+
     const controller_counters & counters() const { return counters_; }
     void reset_counters();
 
@@ -161,7 +202,10 @@ private:
     double plain_step_ms(int32_t n_active, int32_t bucket) const;
     void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
-    bool could_pay(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free) const;
+    // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
+    // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
+    // its step, whose probe batch is that size), 0 where even the best case cannot pay by measured costs
+    int32_t probe_len(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free, bool alone) const;
 
     controller_params p_;
     std::vector<stream_state> s_;

@@ -155,6 +155,9 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     st.stats.n_prompt = n_prompt;
     s.stats.n_prompt += n_prompt;
     s.ctl->reset_stream(seq);
+    // where costs measured on this machine say drafting could not pay even if every token landed, the draft model
+    // does not read the prompt now: it catches up on the recent context should that change
+    st.dft.reads_prompt = !s.own_draft_model || s.ctl->worth_drafting(n_prompt);
     s.active = true;
 }
 
@@ -188,7 +191,7 @@ void finish_prompts(pls_session & s) {
         st.prompt_tgt.assign(st.prompt_in.begin(), st.prompt_in.end() - 1);
         st.id_last = st.prompt_in.back();
         st.n_past = (int32_t) st.prompt_tgt.size();
-        st.dft.pos = st.n_past;  // the draft model saw the prompt with the target
+        st.dft.pos = st.dft.reads_prompt ? st.n_past : 0;  // the draft model saw the prompt with the target, or nothing
         llama_tokens().swap(st.prompt_in);
         if (s.spec) {
             common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
@@ -207,7 +210,9 @@ void feed_drafters(pls_session & s, common_batch & batch, int32_t prompt_from) {
         b.clear();
         for (int32_t i = prompt_from; i < batch.size(); ++i) {
             const auto & t = batch.tokens[i];
-            b.add(t.id >= 0 && t.id < s.n_vocab_dft ? t.id : 0, t.pos[0], t.seq_id, false);
+            if (s.streams[t.seq_id].dft.reads_prompt) {
+                b.add(t.id >= 0 && t.id < s.n_vocab_dft ? t.id : 0, t.pos[0], t.seq_id, false);
+            }
         }
         draft_model_feed_batch(s);
     }

@@ -44,6 +44,7 @@ struct draft_stream {
     int32_t skipped_to = 0;    // catch-up may skip a stretch: positions below this that were never decoded
     bool ckpt_valid = false;   // a state checkpoint of a drafter that cannot drop tokens
     int32_t ckpt_pos = 0;
+    bool reads_prompt = true;  // the prompt goes to the draft model with the target (else it catches up if it drafts)
 };
 
 // One generated sequence of a session: its own position, draft, checkpoint, sampler and counters.

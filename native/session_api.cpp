@@ -570,3 +570,87 @@ extern "C" int32_t pls_controller_stats(const pls_controller * c, pls_stats * ou
     out->est_plain_ms = k.est_plain_ms;
     return PLS_OK;
 }
+
+namespace {
+
+static_assert((int) PLS_COST_TARGET == (int) COST_TARGET && (int) PLS_COST_DRAFT_FIRST == (int) COST_DRAFT_FIRST &&
+              (int) PLS_COST_DRAFT_REST == (int) COST_DRAFT_REST && (int) PLS_COST_DRAFT_CALL == (int) COST_DRAFT_CALL &&
+              (int) PLS_COST_OVERHEAD_PLAIN == (int) COST_OVERHEAD_PLAIN &&
+              (int) PLS_COST_OVERHEAD_SPEC == (int) COST_OVERHEAD_SPEC,
+              "cost table ids of the header and the controller must agree");
+
+int32_t export_costs(const controller & c, pls_cost_point * out, int32_t capacity) {
+    if (capacity < 0 || (capacity > 0 && out == nullptr)) {
+        fail(PLS_ERR_INVALID, "export_costs: a buffer of capacity >= 0 is required");
+    }
+    const std::vector<cost_point> pts = c.export_costs();
+    for (int32_t i = 0; i < capacity && i < (int32_t) pts.size(); ++i) {
+        out[i] = { pts[i].table, pts[i].bucket, pts[i].n_tokens, pts[i].count, pts[i].ms };
+    }
+    return (int32_t) pts.size();
+}
+
+void import_costs(controller & c, const pls_cost_point * in, int32_t n) {
+    if (n < 0 || n > PLS_COST_MAX_POINTS || (n > 0 && in == nullptr)) {
+        fail(PLS_ERR_INVALID, "import_costs: 0.." + std::to_string(PLS_COST_MAX_POINTS) + " points are accepted");
+    }
+    std::vector<cost_point> pts;
+    for (int32_t i = 0; i < n; ++i) {
+        const pls_cost_point & p = in[i];
+        const bool overhead = p.table == PLS_COST_OVERHEAD_PLAIN || p.table == PLS_COST_OVERHEAD_SPEC;
+        const bool ok = p.table >= PLS_COST_TARGET && p.table <= PLS_COST_OVERHEAD_SPEC && p.bucket >= 0 &&
+                        p.bucket < cost_table::N_BUCKETS && p.count >= 1 && std::isfinite(p.ms) && p.ms >= 0.0 &&
+                        (overhead ? p.n_tokens == 0 : (p.n_tokens >= 1 && p.n_tokens <= cost_table::MAX_T));
+        if (!ok) {
+            fail(PLS_ERR_INVALID, "cost point " + std::to_string(i) + " is not valid (table " + std::to_string(p.table) +
+                                  ", bucket " + std::to_string(p.bucket) + ", n_tokens " + std::to_string(p.n_tokens) +
+                                  ", count " + std::to_string(p.count) + ", ms " + std::to_string(p.ms) + ")");
+        }
+        pts.push_back({ p.table, p.bucket, p.n_tokens, p.count, p.ms });
+    }
+    c.import_costs(pts);
+}
+
+}  // namespace
+
+extern "C" int32_t pls_session_export_costs(pls_session * s, pls_cost_point * out, int32_t capacity, char * err,
+                                            size_t err_size) {
+    if (s == nullptr) {
+        return no_session(err, err_size);
+    }
+    return guarded(err, err_size, PLS_ERR_INTERNAL, [&]() -> int32_t {
+        session_call call(*s);
+        return export_costs(*s->ctl, out, capacity);
+    });
+}
+
+extern "C" int32_t pls_session_import_costs(pls_session * s, const pls_cost_point * in, int32_t n, char * err,
+                                            size_t err_size) {
+    if (s == nullptr) {
+        return no_session(err, err_size);
+    }
+    return guarded(err, err_size, PLS_ERR_INTERNAL, [&]() -> int32_t {
+        session_call call(*s);
+        import_costs(*s->ctl, in, n);
+        return PLS_OK;
+    });
+}
+
+extern "C" int32_t pls_controller_export_costs(const pls_controller * c, pls_cost_point * out, int32_t capacity) {
+    if (c == nullptr) {
+        return PLS_ERR_INVALID;
+    }
+    return guarded(nullptr, 0, PLS_ERR_INTERNAL, [&]() -> int32_t { return export_costs(*c->c, out, capacity); });
+}
+
+extern "C" int32_t pls_controller_import_costs(pls_controller * c, const pls_cost_point * in, int32_t n, char * err,
+                                               size_t err_size) {
+    if (c == nullptr) {
+        set_err(err, err_size, "no controller given");
+        return PLS_ERR_INVALID;
+    }
+    return guarded(err, err_size, PLS_ERR_INTERNAL, [&]() -> int32_t {
+        import_costs(*c->c, in, n);
+        return PLS_OK;
+    });
+}

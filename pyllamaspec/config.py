@@ -183,6 +183,9 @@ class SessionConfig:
     force_reject: bool = False      # reject every draft (cost of speculating at zero acceptance)
     adaptive: bool = True           # choose the draft length per step and stream (0..n_max) from measured costs
     draft_schedule: Sequence[int] | None = None  # adaptive off: a fixed cycle of draft lengths (0 = a plain step)
+    # adaptive: start from the costs an earlier session of the same setup measured on this machine, and keep what
+    # this one learns (pyllamaspec.costcache; PYLLAMASPEC_COST_CACHE=off turns it off everywhere)
+    cost_cache: bool = True
     # synthetic acceptance, for speed measurement only (the output is not the model's): unconditional
     # per-position acceptance rates (one per draft position, non-increasing) or a mean accepted length
     synth_rates: Sequence[float] | None = None
@@ -224,6 +227,7 @@ class SessionConfig:
         for name in ("ngram_mod_n_match", "ngram_mod_n_min", "ngram_mod_n_max"):
             _check_int(owner, name, getattr(self, name), 0, hint=" (0: upstream's default)")
         _check_bool(owner, "adaptive", self.adaptive)
+        _check_bool(owner, "cost_cache", self.cost_cache)
         if self.draft_schedule is not None:
             if isinstance(self.draft_schedule, (str, bytes)) or not isinstance(self.draft_schedule, Sequence):
                 raise ConfigError(f"{owner}.draft_schedule={self.draft_schedule!r} must be a list of draft lengths")

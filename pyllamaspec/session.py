@@ -271,6 +271,9 @@ class SpecSession:
         self._state = threading.Lock()   # guards _busy and stop requests against claim/release
         self._busy = False
         self.info = self._read_info()
+        self._cost_file = None
+        if config.cost_cache and self.info.adaptive and self.info.drafter_kind != "none":
+            self._open_cost_cache()
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -278,7 +281,69 @@ class SpecSession:
         """Stop a generation in flight (any thread), wait for it to end, free the session."""
         handle = getattr(self, "_handle", None)
         if handle is not None:
+            self._save_cost_cache()
             handle.close(before=self._lib.pls_request_stop)
+
+    # -- costs measured on this machine ------------------------------------------------------
+
+    def learnt_costs(self) -> list[tuple[int, int, int, int, float]]:
+        """What the draft-length controller measured, as (table, depth bucket, tokens, count, ms) points
+        (tables: the header's PLS_COST_*); seed_costs() gives them to another session of the same setup."""
+        ffi = self._ffi
+        err = _native.ErrorBuffer(ffi)
+        with self._handle.use() as h:
+            n = self._lib.pls_session_export_costs(h, ffi.NULL, 0, err.buf, err.SIZE)
+            self._raise_native(n, err)
+            buf = ffi.new("pls_cost_point[]", max(1, n))
+            n = self._lib.pls_session_export_costs(h, buf, n, err.buf, err.SIZE)
+            self._raise_native(n, err)
+        return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+
+    def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
+        """Start the controller from costs measured earlier (learnt_costs() of a session of the same setup).
+        A malformed point raises ConfigError and nothing is imported."""
+        ffi = self._ffi
+        pts = list(points)
+        buf = ffi.new("pls_cost_point[]", max(1, len(pts)))
+        for i, p in enumerate(pts):
+            try:
+                table, bucket, n_tokens, count, ms = p
+                buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count = table, bucket, n_tokens, count
+                buf[i].ms = ms
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ConfigError(f"cost point {i} {p!r} must be (table, bucket, n_tokens, count, ms) numbers") from e
+        err = _native.ErrorBuffer(ffi)
+        with self._handle.use() as h:
+            rc = self._lib.pls_session_import_costs(h, buf, len(pts), err.buf, err.SIZE)
+        _native.check(rc, err, ConfigError)
+
+    def _open_cost_cache(self) -> None:
+        try:
+            from . import costcache
+
+            directory = costcache.cache_dir()
+            if directory is None:
+                return
+            setup = costcache.setup_of(self)
+            path = costcache.path_for(setup, directory)
+            self._cost_file = (path, setup)
+            points = costcache.load(path, setup)
+            if points:
+                self.seed_costs(points)
+        except Exception:  # a cache is an optimisation: nothing about it may fail a session
+            pass
+
+    def _save_cost_cache(self) -> None:
+        if getattr(self, "_cost_file", None) is None or self._handle.closed:
+            return
+        try:
+            from . import costcache
+
+            points = self.learnt_costs()
+            if points:
+                costcache.save(self._cost_file[0], self._cost_file[1], [list(p) for p in points])
+        except Exception:  # busy (closed from another thread mid-generation), shutting down, read-only disk
+            pass
 
     @property
     def closed(self) -> bool:

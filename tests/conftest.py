@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+
+# sessions start from what earlier ones measured on this machine unless told not to: tests (and the commands they
+# run) start from nothing, so one test's costs never steer another's draft lengths; the cache's own tests opt in
+os.environ["PYLLAMASPEC_COST_CACHE"] = "off"
 
 
 @pytest.fixture(scope="session")

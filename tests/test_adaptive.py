@@ -66,17 +66,20 @@ class Sim:
     first_shape_ms: float = 0.0     # one-time cost of a batch size's first run (a GPU graph captured for it)
     seen_shapes: set = field(default_factory=set)
 
-    def step(self, accept: list[float] | float, active: list[int] | None = None) -> list[int]:
+    def step(self, accept: list[float] | float, active: list[int] | None = None,
+             free: list[int] | None = None) -> list[int]:
         """One step: the controller chooses, the machine runs it, the controller observes. accept: the
-        probability that each drafted position is accepted given the earlier ones were, per stream."""
+        probability that each drafted position is accepted given the earlier ones were, per stream. free: the
+        length of a draft that exists at no cost for each stream (an n-gram match), 0 for none."""
         n = self.n_streams
         accept = accept if isinstance(accept, list) else [accept] * n
         active = active or [1] * n
+        free = free or [0] * n
         caps = [self.n_max] * n
         k = self.ffi.new("int32_t[]", n)
         rc = self.lib.pls_controller_choose(self.ctl, self.ffi.new("int32_t[]", caps), self.ffi.new("int32_t[]", self.depth),
                                             self.ffi.new("int32_t[]", active), self.ffi.new("int32_t[]", self.pending),
-                                            self.ffi.NULL, k)
+                                            self.ffi.new("int32_t[]", free), k)
         assert rc == 0
         ks = [k[i] if active[i] else 0 for i in range(n)]
         self.ks.append(ks)
@@ -85,7 +88,7 @@ class Sim:
         for i in range(n):
             while accepted[i] < ks[i] and self.rng.random() < accept[i]:
                 accepted[i] += 1
-        drafting = [i for i in range(n) if active[i] and ks[i] > 0]
+        drafting = [i for i in range(n) if active[i] and ks[i] > 0 and not free[i]]  # free drafts cost no drafter
         t_first = t_rest = t_call = 0.0
         iters = 0
         if drafting and self.kind == MODEL:
@@ -93,8 +96,9 @@ class Sim:
             limit = self.info().catchup_limit
             catchup = [min(self.pending[i], limit) if i in drafting else 0 for i in range(n)]
             t_first = m.draft_first + m.catchup_token * sum(catchup) + 0.2 * m.draft_first * (len(drafting) - 1)
-            iters = max(ks) - 1
-            t_rest = sum(m.draft_token * (1 + 0.2 * (sum(1 for i in drafting if ks[i] > it) - 1)) for it in range(1, max(ks)))
+            k_top = max(ks[i] for i in drafting)
+            iters = k_top - 1
+            t_rest = sum(m.draft_token * (1 + 0.2 * (sum(1 for i in drafting if ks[i] > it) - 1)) for it in range(1, k_top))
         elif drafting:
             t_call = m.draft_call * (1 + 0.2 * (len(drafting) - 1))
         n_tok = sum(ks[i] + 1 for i in range(n) if active[i])
@@ -106,10 +110,10 @@ class Sim:
         t_step = t_first + t_rest + t_call + t_target + m.overhead
         committed = [accepted[i] + 1 if active[i] else 0 for i in range(n)]
         o = self.ffi.new("pls_step_observation *")
-        keep = [self.ffi.new("int32_t[]", v) for v in (ks, ks, accepted, catchup, self.depth, active)]
+        source = [1 if free[i] and ks[i] > 0 else 0 for i in range(n)]
+        keep = [self.ffi.new("int32_t[]", v) for v in (ks, ks, accepted, catchup, self.depth, active, source)]
         o.n_streams = n
-        o.k, o.n_drafted, o.n_accepted, o.n_catchup, o.depth, o.active = keep
-        o.source = self.ffi.NULL
+        o.k, o.n_drafted, o.n_accepted, o.n_catchup, o.depth, o.active, o.source = keep
         o.t_draft_first_ms, o.t_draft_rest_ms, o.n_draft_iters = t_first, t_rest, iters
         o.t_draft_call_ms, o.t_target_ms, o.t_step_ms = t_call, t_target, t_step
         assert self.lib.pls_controller_observe(self.ctl, o) == 0
@@ -121,7 +125,8 @@ class Sim:
             if active[i]:
                 self.depth[i] += committed[i]
                 # a draft model that drafted saw everything but what it never decoded; one that did not falls behind
-                self.pending[i] = (1 if accepted[i] == ks[i] else 0) if ks[i] > 0 else self.pending[i] + committed[i]
+                from_model = ks[i] > 0 and not free[i]
+                self.pending[i] = (1 if accepted[i] == ks[i] else 0) if from_model else self.pending[i] + committed[i]
         return ks
 
     def run(self, n_steps: int, accept) -> "Sim":
@@ -272,3 +277,84 @@ def test_bad_parameters_are_refused():
     err = _native.ErrorBuffer(ffi)
     assert lib.pls_controller_new(p, slot, err.buf, err.SIZE) == _native.constants()["PLS_ERR_INVALID"]
     assert "n_max" in err.text
+
+
+# ---- costs kept between sessions --------------------------------------------------------------------------------
+
+def export_costs(sim: Sim) -> list[tuple]:
+    n = sim.lib.pls_controller_export_costs(sim.ctl, sim.ffi.NULL, 0)
+    buf = sim.ffi.new("pls_cost_point[]", max(1, n))
+    assert sim.lib.pls_controller_export_costs(sim.ctl, buf, n) == n
+    return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+
+
+def import_costs(sim: Sim, points: list[tuple]) -> tuple[int, str]:
+    buf = sim.ffi.new("pls_cost_point[]", max(1, len(points)))
+    for i, (table, bucket, n_tokens, count, ms) in enumerate(points):
+        buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count, buf[i].ms = table, bucket, n_tokens, count, ms
+    err = _native.ErrorBuffer(sim.ffi)
+    rc = sim.lib.pls_controller_import_costs(sim.ctl, buf, len(points), err.buf, err.SIZE)
+    return rc, err.text
+
+
+def test_a_fresh_controller_learns_cheaply_that_a_pair_cannot_pay():
+    # every drafted token would land, yet on this machine verifying k + 1 tokens costs about k + 1 plain steps:
+    # the controller measures the short draft and the ceiling once each, early (while a draft model has little to
+    # catch up), then never drafts again
+    sim = Sim(CPU_LINEAR, seed=3).run(600, 1.0)
+    drafting = [i for i, k in enumerate(sim.ks) if k[0] > 0]
+    assert 0 < len(drafting) <= 6 and max(drafting) < 40, drafting
+    assert sim.time_ms <= 1.02 * sim.plain_ms
+
+
+def test_seeded_costs_skip_the_learning_and_keep_a_pair_that_pays():
+    hopeless = Sim(CPU_LINEAR, seed=3).run(300, 1.0)
+    seeded = Sim(CPU_LINEAR, seed=4)
+    rc, err = import_costs(seeded, export_costs(hopeless))
+    assert rc == 0, err
+    seeded.run(600, 1.0)
+    assert all(k == [0] for k in seeded.ks) and seeded.stats().n_probes == 0
+    # the same seeding where drafting pays: speculation starts at once and reaches long drafts
+    paying = Sim(GPU, seed=3).run(300, 0.9)
+    sim = Sim(GPU, seed=4)
+    assert import_costs(sim, export_costs(paying))[0] == 0
+    sim.run(60, 0.9)
+    assert sum(1 for k in sim.ks[:30] if k[0] > 0) >= 20
+    assert max(k[0] for k in sim.ks) >= 4
+
+
+def test_exported_costs_round_trip_and_bad_points_are_refused():
+    sim = Sim(CPU_BATCHING).run(300, 0.8)
+    pts = export_costs(sim)
+    tables = {p[0] for p in pts}
+    c = _native.constants()
+    assert {c["PLS_COST_TARGET"], c["PLS_COST_DRAFT_FIRST"], c["PLS_COST_OVERHEAD_PLAIN"]} <= tables
+    assert all(p[3] >= 1 and p[4] >= 0 for p in pts)
+    other = Sim(CPU_BATCHING)
+    assert import_costs(other, pts)[0] == 0
+    again = export_costs(other)
+    assert [(t, b, n, min(k, 2)) for t, b, n, k, _ in pts] == [(t, b, n, k) for t, b, n, k, _ in again]
+    assert [p[4] for p in again] == pytest.approx([p[4] for p in pts])
+    fresh = Sim(CPU_BATCHING)
+    for bad in [(99, 0, 1, 2, 1.0), (0, 8, 1, 2, 1.0), (0, 0, 0, 2, 1.0), (0, 0, 1, 0, 1.0), (0, 0, 1, 2, float("nan")),
+                (0, 0, 1, 2, -1.0), (c["PLS_COST_OVERHEAD_PLAIN"], 0, 3, 1, 0.5)]:
+        rc, err = import_costs(fresh, [(0, 0, 2, 2, 5.0), bad])
+        assert rc == c["PLS_ERR_INVALID"] and "cost point 1" in err, (bad, err)
+    assert export_costs(fresh) == []  # a refused import imports nothing
+
+
+def test_free_drafts_are_taken_while_the_drafter_is_off():
+    # n-gram matches beside a draft model: the drafter's own drafts rarely land (it is turned off), the matches -
+    # there every other step, 4 tokens long - almost always do, and cost only their verify rows
+    sim = Sim(CPU_BATCHING, seed=5)
+    taken = offered = drafted = 0
+    for step in range(600):
+        has_free = step % 2 == 0
+        ks = sim.step(0.95 if has_free else 0.05, free=[4 if has_free else 0])
+        if step >= 100 and has_free:
+            offered += 1
+            taken += ks[0] == 4  # the whole match: a free draft needs no short probe
+        if step >= 100 and not has_free:
+            drafted += ks[0] > 0  # the drafter itself: off, but for sparse probes
+    assert taken >= 0.9 * offered, (taken, offered)
+    assert drafted <= 0.05 * 250, drafted

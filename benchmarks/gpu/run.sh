@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md's H200 sections, in phases that each fit one call of a lent machine.
-#   setup      install the carried wheels, build the CUDA package (with upstream's speculative-simple), write models
+#   setup      build (the carried wheels, the CUDA package; UPSTREAM=1 adds upstream's speculative-simple),
+#              synth05, synth7 (the models)
 #   tests      the suite on CUDA (no real models: they cannot travel)
 #   step       step cost, 7B-shape Q4_0 target + 0.5B-shape Q4_0 drafter: plain, fixed, adaptive, upstream
-#   depth      the same at 4k and 16k context, synthetic acceptance
+#   depth4k, depth16k   the same at 4k and 16k context, synthetic acceptance (ARMS=, LEVELS= narrow them)
 #   hybrid27   27B-shape hybrid target + DFlash2-shape drafter (ring rollback), synthetic acceptance, depths
 # Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT.
 set -uo pipefail
@@ -15,18 +16,31 @@ SITE=/tmp/site
 PKG=/tmp/pls
 export PYTHONPATH=$PKG:$SITE
 
-phase_setup() {
+phase_setup() { phase_build && phase_synth05 && phase_synth7; }
+
+# the CUDA package; with UPSTREAM=1 also upstream's llama-speculative-simple (for the upstream-* arms)
+phase_build() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || return 1
-    local t0=$SECONDS
-    PYLLAMASPEC_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90 -DPYLLAMASPEC_BUILD_UPSTREAM_SPECULATIVE=ON" \
-        CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -q --no-build-isolation --no-deps --target $PKG . \
+    local t0=$SECONDS extra=""
+    [ "${UPSTREAM:-0}" = 1 ] && extra=" -DPYLLAMASPEC_BUILD_UPSTREAM_SPECULATIVE=ON"
+    # verbose into $OUT: a call cut short still returns how far the build got
+    PYLLAMASPEC_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90$extra" \
+        CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -v --no-build-isolation --no-deps --target $PKG . \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
-    python3 -P -m pyllamaspec.cli info
-    t0=$SECONDS
-    [ -f /tmp/m/t7b.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t7b.gguf --preset qwen2.5-7b --type q4_0 --stddev 0.02 --seed 1
+    python3 -P -m pyllamaspec.cli info | head -5
+}
+
+phase_synth05() {
+    local t0=$SECONDS
     [ -f /tmp/m/d05.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/d05.gguf --preset qwen2.5-0.5b --type q4_0 --stddev 0.02 --seed 2
-    echo "synth 7B + 0.5B: $((SECONDS - t0)) s"
+    echo "synth 0.5B: $((SECONDS - t0)) s"
+}
+
+phase_synth7() {
+    local t0=$SECONDS
+    [ -f /tmp/m/t7b.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t7b.gguf --preset qwen2.5-7b --type q4_0 --stddev 0.02 --seed 1
+    echo "synth 7B: $((SECONDS - t0)) s"
 }
 
 phase_tests() {
@@ -44,15 +58,18 @@ phase_step() {
         --arms plain,n4,n8,adaptive,upstream-n4,upstream-n8 --depth 0 --synth 0 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-natural.json"
     python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
-        --arms plain,n4,n8,adaptive --depth 0 --synth 0.3,0.6,0.8,0.9 --rounds 8 --n-predict 128 \
+        --arms plain,n2,n4,n8,adaptive --depth 0 --synth 0.3,0.6,0.8,0.9 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-synthetic.json"
 }
 
-phase_depth() {
+# one depth per call: a long prompt is processed once per generation
+depth_cell() {
     python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
-        --arms plain,n4,n8,adaptive --depth 4096,16384 --synth 0.3,0.6,0.9 --rounds 8 --n-predict 128 \
-        --json "$OUT/h200-step-depth.json"
+        --arms "${ARMS:-plain,n2,n4,n8,adaptive}" --depth "$1" --synth "$2" --rounds 8 --n-predict 128 \
+        --json "$OUT/h200-step-depth$1.json"
 }
+phase_depth4k() { depth_cell 4096 "${LEVELS:-0.3,0.6,0.8,0.9}"; }
+phase_depth16k() { depth_cell 16384 "${LEVELS:-0.3,0.6,0.8,0.9}"; }
 
 phase_hybrid27() {
     local t0=$SECONDS

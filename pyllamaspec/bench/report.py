@@ -22,6 +22,7 @@ import numpy as np
 
 from pyllamaspec.bench.results import sum_by_position
 from pyllamaspec.errors import PyllamaspecError
+from pyllamaspec.paths import cache_root
 
 SCHEMA_VERSION = 1
 HASH_CHUNK_BYTES = 16 << 20
@@ -32,8 +33,7 @@ class ReportError(PyllamaspecError):
 
 
 def default_hash_cache() -> Path:
-    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache_home) / "pyllamaspec" / "sha256.json"
+    return cache_root() / "sha256.json"
 
 
 def file_sha256(path: str | Path, cache_path: Path | None = None) -> str:

@@ -135,6 +135,11 @@ def add_speculative_flags(parser: argparse.ArgumentParser, *, per_arm: bool = Fa
                        help="on: choose each step's draft length (0 included) from measured costs, with "
                             "--spec-draft-n-max as the ceiling; off: draft --spec-draft-n-max tokens every step "
                             f"(default: {adaptive_default})")
+    cost_default = "on" if _default(SessionConfig, "cost_cache") else "off"
+    g.add_argument("--spec-cost-cache", dest="cost_cache", choices=list(_ON_OFF), default=None,
+                   help="on: the adaptive choice starts from the costs measured by an earlier run of the same setup "
+                        "on this machine and keeps what this run measures (a small file per setup under the cache "
+                        f"directory; PYLLAMASPEC_COST_CACHE names another, or 'off') (default: {cost_default})")
     g.add_argument("--spec-synth-rates", dest="synth_rates", type=csv_floats, default=None, metavar="P[,P...]",
                    help="speed measurement only, the output is not the model's: accept draft position i with "
                         "probability P_i (non-increasing) instead of checking it (default: real verification)")
@@ -194,6 +199,8 @@ def speculative_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = _given(args, {name: name for name in _SPECULATIVE_FLAGS})
     if isinstance(getattr(args, "adaptive", None), str):  # a list (bench) is one arm per value instead
         settings["adaptive"] = _ON_OFF[args.adaptive]
+    if getattr(args, "cost_cache", None) is not None:
+        settings["cost_cache"] = _ON_OFF[args.cost_cache]
     return settings
 
 

@@ -434,6 +434,33 @@ int32_t pls_controller_observe(pls_controller * c, const pls_step_observation * 
 int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out);
 int32_t pls_controller_stats(const pls_controller * c, pls_stats * out);
 
+/* The costs a controller measured on this machine, to seed a later session of the same models and settings (a
+ * cache across processes). An import counts each point for at most two measurements, so what the machine
+ * measures now soon outweighs it. */
+enum {
+    PLS_COST_TARGET = 0,            /* a target batch of n_tokens, per depth bucket */
+    PLS_COST_DRAFT_FIRST = 1,       /* a draft model's first decode of a step, by tokens in it */
+    PLS_COST_DRAFT_REST = 2,        /* its further decodes, by streams still drafting */
+    PLS_COST_DRAFT_CALL = 3,        /* an upstream drafter's call */
+    PLS_COST_OVERHEAD_PLAIN = 4,    /* per plain step beyond the target batch (n_tokens 0, bucket 0) */
+    PLS_COST_OVERHEAD_SPEC = 5,     /* per speculative step beyond drafting and the target batch */
+    PLS_COST_MAX_POINTS = 4096
+};
+typedef struct pls_cost_point {
+    int32_t table;                  /* PLS_COST_* */
+    int32_t bucket;                 /* depth bucket, 0..7 */
+    int32_t n_tokens;               /* 1..1024; 0 for the overheads */
+    int32_t count;                  /* times measured, >= 1 */
+    double  ms;
+} pls_cost_point;
+/* export writes up to capacity points and returns how many there are (call again with more room if that is
+ * more), or a negative pls_status; import returns a pls_status (PLS_ERR_INVALID names a bad point, and nothing is
+ * imported). The session functions hold the session like any call (PLS_ERR_BUSY while it runs). */
+int32_t pls_session_export_costs(pls_session * session, pls_cost_point * out, int32_t capacity, char * err, size_t err_size);
+int32_t pls_session_import_costs(pls_session * session, const pls_cost_point * points, int32_t n, char * err, size_t err_size);
+int32_t pls_controller_export_costs(const pls_controller * c, pls_cost_point * out, int32_t capacity);
+int32_t pls_controller_import_costs(pls_controller * c, const pls_cost_point * points, int32_t n, char * err, size_t err_size);
+
 /* ---- memory ------------------------------------------------------------------------------ */
 
 typedef struct pls_device_memory {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomicfile import atomic_output
+from ..paths import cache_root
 from ..errors import DownloadError
 from ..progress import Progress
 
@@ -51,12 +52,6 @@ CATALOG = {
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
-
-
-def cache_root() -> Path:
-    base = os.environ.get("PYLLAMASPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"), "pyllamaspec")
-    return Path(base)
 
 
 def _part_number(member: str) -> int:
