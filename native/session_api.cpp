@@ -592,7 +592,8 @@ int32_t export_costs(const controller & c, pls_cost_point * out, int32_t capacit
 
 void import_costs(controller & c, const pls_cost_point * in, int32_t n) {
     if (n < 0 || n > PLS_COST_MAX_POINTS || (n > 0 && in == nullptr)) {
-        fail(PLS_ERR_INVALID, "import_costs: 0.." + std::to_string(PLS_COST_MAX_POINTS) + " points are accepted");
+        fail(PLS_ERR_INVALID, "cost points: 0.." + std::to_string(PLS_COST_MAX_POINTS) + " are accepted, " +
+                              std::to_string(n) + " given" + (n > 0 && in == nullptr ? " without a buffer" : ""));
     }
     std::vector<cost_point> pts;
     for (int32_t i = 0; i < n; ++i) {

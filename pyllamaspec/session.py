@@ -291,19 +291,24 @@ class SpecSession:
         (tables: the header's PLS_COST_*); seed_costs() gives them to another session of the same setup."""
         ffi = self._ffi
         err = _native.ErrorBuffer(ffi)
-        with self._handle.use() as h:
-            n = self._lib.pls_session_export_costs(h, ffi.NULL, 0, err.buf, err.SIZE)
+        room = 0
+        while True:  # another thread may generate between the calls: ask again until the room holds them all
+            buf = ffi.new("pls_cost_point[]", max(1, room))
+            with self._handle.use() as h:
+                n = self._lib.pls_session_export_costs(h, buf if room else ffi.NULL, room, err.buf, err.SIZE)
             self._raise_native(n, err)
-            buf = ffi.new("pls_cost_point[]", max(1, n))
-            n = self._lib.pls_session_export_costs(h, buf, n, err.buf, err.SIZE)
-            self._raise_native(n, err)
-        return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+            if n <= room:
+                return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+            room = n + 16
 
     def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
         """Start the controller from costs measured earlier (learnt_costs() of a session of the same setup).
         A malformed point raises ConfigError and nothing is imported."""
         ffi = self._ffi
-        pts = list(points)
+        try:
+            pts = list(points)
+        except TypeError as e:
+            raise ConfigError(f"cost points must be a list of (table, bucket, n_tokens, count, ms), not {points!r}") from e
         buf = ffi.new("pls_cost_point[]", max(1, len(pts)))
         for i, p in enumerate(pts):
             try:
