@@ -90,6 +90,7 @@ void reset_generation(pls_session & s) {
         s.adds.clear();
         s.cancels.clear();
         s.reserved.assign(s.sp.n_parallel, 0);
+        s.slot_kv.assign(s.sp.n_parallel, llama_tokens());
     }
     s.n_begin = 0;
     s.continuous = false;
@@ -114,15 +115,41 @@ void check_prompt(const pls_session & s, const int32_t * prompt, int32_t n_promp
     }
 }
 
-// A sequence takes a slot: its memory cleared, its own sampler, its prompt queued for processing.
+bool prefix_reusable(const pls_session & s) {
+    // a target whose memory drops tokens from any position, and no drafter that reads the target's batches (it
+    // would miss the reused ones); a draft model of our own catches up on its first draft instead
+    return s.rollback_tgt == ROLLBACK_KV && !s.process_every_batch;
+}
+
+// A sequence takes a slot: its memory cleared - but for the longest prefix of its prompt that the slot's last
+// sequence left in the target's memory, when it joins a running batch - its own sampler, its prompt queued.
 void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p) {
     const llama_seq_id seq = st.seq;
-    llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), seq, -1, -1);
+    int32_t keep = 0;
+    {
+        std::lock_guard<std::mutex> lock(s.ops_mu);
+        if (p != nullptr && prefix_reusable(s) && seq < (int32_t) s.slot_kv.size()) {
+            const llama_tokens & kv = s.slot_kv[seq];
+            const int32_t most = std::min<int32_t>((int32_t) kv.size(), n_prompt - 1);  // the last token is verified
+            while (keep < most && kv[keep] == prompt[keep]) {
+                keep++;
+            }
+        }
+        if (seq < (int32_t) s.slot_kv.size()) {
+            s.slot_kv[seq].clear();
+        }
+    }
+    llama_memory_t mem = llama_get_memory(s.ctx_tgt.get());
+    if (keep == 0 || !llama_memory_seq_rm(mem, seq, keep, -1)) {
+        llama_memory_seq_rm(mem, seq, -1, -1);
+        keep = 0;
+    }
     if (s.ctx_dft) {
         llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), seq, -1, -1);
     }
     st = stream_state{};
     st.seq = seq;
+    st.n_prefilled = keep;
     st.used = true;
     st.prefilling = true;
     st.prompt_in.assign(prompt, prompt + n_prompt);
@@ -157,7 +184,7 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     s.ctl->reset_stream(seq);
     // where costs measured on this machine say drafting could not pay even if every token landed, the draft model
     // does not read the prompt now: it catches up on the recent context should that change
-    st.dft.reads_prompt = !s.own_draft_model || s.ctl->worth_drafting(n_prompt);
+    st.dft.reads_prompt = !s.own_draft_model || (keep == 0 && s.ctl->worth_drafting(n_prompt));
     s.active = true;
 }
 
@@ -867,16 +894,25 @@ int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
         e.n_prompt = st.n_prompt_step;
         events.push_back(e);
         if (done) {
-            // the slot is free at once: its memory, ring planes and draft state are cleared for the next sequence
-            llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), st.seq, -1, -1);
+            // the slot is free at once: its ring planes and draft state are cleared for the next sequence, and its
+            // target memory too - but for the tokens the sequence verified, which a later prompt may start with
+            llama_memory_t mem = llama_get_memory(s.ctx_tgt.get());
+            const int32_t n_kv = (int32_t) st.prompt_tgt.size();
+            const bool keep = prefix_reusable(s) && st.finish != PLS_FINISH_ERROR && n_kv > 0 &&
+                              llama_memory_seq_rm(mem, st.seq, n_kv, -1);
+            if (!keep) {
+                llama_memory_seq_rm(mem, st.seq, -1, -1);
+            }
             if (s.ctx_dft) {
                 llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), st.seq, -1, -1);
             }
+            llama_tokens kv = keep ? std::move(st.prompt_tgt) : llama_tokens();
             const llama_seq_id seq = st.seq;
             st = stream_state{};
             st.seq = seq;
             std::lock_guard<std::mutex> lock(s.ops_mu);
             s.reserved[seq] = 0;
+            s.slot_kv[seq] = std::move(kv);
         }
     }
     int32_t n = 0;

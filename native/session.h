@@ -144,6 +144,9 @@ struct pls_session {
     std::vector<pending_add> adds;
     std::vector<int32_t> cancels;
     std::vector<char> reserved;            // slot taken by a sequence (pending or running), under ops_mu
+    // per free slot: the tokens whose target KV its last sequence left (positions 0..), so that a later prompt
+    // starting with them is not processed again; under ops_mu
+    std::vector<llama_tokens> slot_kv;
 
     // one call at a time; stats published under their own lock so any thread may read them
     std::mutex mu;

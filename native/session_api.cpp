@@ -378,10 +378,24 @@ extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t 
                 s->reserved[a.slot] = 1;
             }
         }
+        // the free slot whose last sequence left the longest prefix of this prompt in memory; else one that holds
+        // nothing (what the others hold may serve a later prompt)
         int32_t free_slot = -1;
-        for (size_t i = 0; i < s->reserved.size() && free_slot < 0; ++i) {
-            if (!s->reserved[i]) {
+        size_t best_common = 0, best_held = 0;
+        for (size_t i = 0; i < s->reserved.size(); ++i) {
+            if (s->reserved[i]) {
+                continue;
+            }
+            const llama_tokens * kv = i < s->slot_kv.size() ? &s->slot_kv[i] : nullptr;
+            size_t common = 0;
+            while (kv && common < kv->size() && common + 1 < (size_t) n_prompt && (*kv)[common] == prompt[common]) {
+                common++;
+            }
+            const size_t held = kv ? kv->size() : 0;
+            if (free_slot < 0 || common > best_common || (common == best_common && held < best_held)) {
                 free_slot = (int32_t) i;
+                best_common = common;
+                best_held = held;
             }
         }
         if (free_slot < 0) {

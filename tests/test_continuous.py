@@ -190,3 +190,44 @@ def test_every_slot_is_free_for_submit_after_a_begin_style_generation(models):
             assert finished == {2: "length", 3: "length"}
             for key in (2, 3):
                 assert_near(outputs[key], refs[key])
+
+
+def run_one(s, prompt, n_predict):
+    """Submit one sequence and step until it ends: (its slot, tokens, prompt tokens processed)."""
+    slot = s.submit(prompt, n_predict=n_predict)
+    tokens, processed = [], 0
+    left = 1
+    while left:
+        events, left = s.step_sequences()
+        for e in events:
+            assert e.slot == slot
+            tokens.extend(e.tokens)
+            processed += e.n_prompt
+    return slot, tokens, processed
+
+
+@pytest.mark.parametrize("spec", ["plain", "draft-simple", "ngram-mod"])
+def test_a_prompt_that_starts_like_a_finished_sequence_is_not_processed_again(models, spec):
+    # a chat's next turn: the last prompt, its answer, a new question - only the new part is processed, and the
+    # output is the one a fresh slot gives
+    target, drafter, refs = models
+    cfg = SessionConfig(adaptive=False, spec_types=[] if spec == "plain" else [spec], n_max=4, n_ctx=1024,
+                        n_parallel=2, ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=4, cost_cache=False)
+    first = PROMPTS[0]
+    with SpecSession(target, drafter if spec == "draft-simple" else None, cfg) as s:
+        slot, answer, processed = run_one(s, first, N_PREDICT)
+        assert processed == len(first) - 1
+        assert_near(answer, refs[0])
+        follow = first + answer[:12] + [3, 1, 4, 1, 5]
+        slot2, tokens, processed = run_one(s, follow, N_PREDICT)
+        assert slot2 == slot  # the slot that holds the prefix
+        assert processed == len(follow) - 1 - (len(first) + 12)
+        assert_near(tokens, solo(target, follow))
+        # a prompt sharing nothing takes the other, empty slot and is processed whole; then one that shares a part
+        slot3, tokens, processed = run_one(s, PROMPTS[3], N_PREDICT)
+        assert slot3 != slot and processed == len(PROMPTS[3]) - 1
+        assert_near(tokens, refs[3])
+        part = follow[:7] + [2, 2, 2, 9]
+        slot4, tokens, processed = run_one(s, part, N_PREDICT)
+        assert slot4 == slot and processed == len(part) - 1 - 7
+        assert_near(tokens, solo(target, part))
