@@ -174,13 +174,13 @@ double cost_table::predict_confirmed(const bucket_data & b, int32_t n_tokens) co
     return predict_in(c, n_tokens);
 }
 
-int32_t cost_table::curve_of(int32_t bucket) const {
-    // the nearest bucket (shallower first: costs only grow with depth) with a curve, i.e. two sizes or more
+int32_t cost_table::nearest(int32_t bucket, size_t min_keys) const {
+    // the nearest bucket (shallower first: costs only grow with depth) with at least min_keys sizes seen
     for (int32_t d = 0; d < N_BUCKETS; ++d) {
-        if (bucket - d >= 0 && b_[bucket - d].keys.size() >= 2) {
+        if (bucket - d >= 0 && b_[bucket - d].keys.size() >= min_keys) {
             return bucket - d;
         }
-        if (d > 0 && bucket + d < N_BUCKETS && b_[bucket + d].keys.size() >= 2) {
+        if (d > 0 && bucket + d < N_BUCKETS && b_[bucket + d].keys.size() >= min_keys) {
             return bucket + d;
         }
     }
@@ -194,7 +194,7 @@ double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
     if (b.keys.size() >= 2 || (b.keys.size() == 1 && b.keys[0] == n_tokens)) {
         return predict_in(b, n_tokens);
     }
-    const int32_t curve = curve_of(bucket);
+    const int32_t curve = nearest(bucket, 2);
     if (b.keys.size() == 1 && curve >= 0) {
         // one size seen at this depth (a calibration step): the shape of a neighbouring depth's curve, scaled to it
         const double at = predict_in(b_[curve], b.keys[0]);
@@ -203,14 +203,7 @@ double cost_table::predict(int32_t n_tokens, int32_t bucket) const {
     if (!b.keys.empty()) {
         return predict_in(b, n_tokens);
     }
-    int32_t any = curve;
-    for (int32_t d = 0; d < N_BUCKETS && any < 0; ++d) {
-        if (bucket - d >= 0 && !b_[bucket - d].keys.empty()) {
-            any = bucket - d;
-        } else if (d > 0 && bucket + d < N_BUCKETS && !b_[bucket + d].keys.empty()) {
-            any = bucket + d;
-        }
-    }
+    const int32_t any = curve >= 0 ? curve : nearest(bucket, 1);
     if (any >= 0) {
         return predict_in(b_[any], n_tokens);
     }
@@ -251,7 +244,7 @@ bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_coun
     if (b_[bucket].keys.size() >= 2) {
         return false;
     }
-    const int32_t curve = curve_of(bucket);
+    const int32_t curve = nearest(bucket, 2);
     return curve >= 0 && at(curve);
 }
 

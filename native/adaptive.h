@@ -91,7 +91,8 @@ private:
     bucket_data b_[N_BUCKETS];
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
-    int32_t curve_of(int32_t bucket) const;  // the bucket whose curve predict() uses for this one (-1: none)
+    // the nearest bucket with at least min_keys sizes (2: the curve predict() borrows for a bucket; -1: none)
+    int32_t nearest(int32_t bucket, size_t min_keys) const;
     static void rebuild(bucket_data & b);
 };
 
