@@ -13,6 +13,7 @@ figure is its own "decoded N tokens" speed, which excludes loading).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
         prompt = prompt_tokens(target, depth, seed=depth + 1)
         prompt_text = " ".join(f"tok_{t}" for t in prompt)
         for level in levels:
+            t_cell = time.monotonic()
             sessions = {}
             for arm in arms:
                 cfg = arm_config(arm, n_ctx, level, args.spec_type)
@@ -135,22 +137,30 @@ def main(argv=None) -> int:
                         runs[arm].append(row)
                     else:
                         sessions.get(arm) and sessions[arm].reset_stats()
+            # what each adaptive arm's controller learnt (costs by table, depth bucket and size; its view at the end)
+            learnt = {arm: {"costs": sessions[arm].learnt_costs(),
+                            "info": dataclasses.asdict(sessions[arm].adaptive_info())}
+                      for arm in sessions if arm.startswith("adaptive")}
             for s in sessions.values():
                 s.close()
             cell = {"depth": depth, "synthetic_acceptance": level or None, "arms": {}}
-            plain = statistics.median(r["tok_s"] for r in runs["plain"]) if runs.get("plain") else None
+            plain_runs = [r["tok_s"] for r in runs.get("plain", [])]
             for arm, rows in runs.items():
                 if not rows:
                     continue
                 tok = [r["tok_s"] for r in rows]
                 entry = {"tok_s": summary(tok), "runs": rows}
-                if plain:
-                    entry["x_plain"] = statistics.median(tok) / plain
+                if arm in learnt:
+                    entry["learnt"] = learnt[arm]
+                if len(plain_runs) == len(tok):
+                    # paired: each round against plain's run of the same round (arms interleave within a round)
+                    entry["x_plain"] = summary([t / p for t, p in zip(tok, plain_runs)])
                 cell["arms"][arm] = entry
+            cell["seconds"] = round(time.monotonic() - t_cell, 1)
             record["cells"].append(cell)
-            line = " ".join(f"{a}={e['tok_s']['median']:.1f}" + (f"({e['x_plain']:.2f}x)" if 'x_plain' in e else "")
+            line = " ".join(f"{a}={e['tok_s']['median']:.1f}" + (f"({e['x_plain']['median']:.2f}x)" if 'x_plain' in e else "")
                             for a, e in cell["arms"].items())
-            print(f"depth {depth} acceptance {level or 'natural'}: {line}", flush=True)
+            print(f"depth {depth} acceptance {level or 'natural'} ({cell['seconds']} s): {line}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(record, indent=1))
     return 0

@@ -24,6 +24,8 @@ constexpr int32_t PLAIN_REFRESH = 128;     // a plain step at least this often w
 constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
 constexpr double BEST_CASE_MARGIN = 1.1;   // drafting "could pay" when every token landing beats plain by this
 constexpr double CATCHUP_PLAIN_STEPS = 8.0;  // one catch-up of a draft model costs at most about this many plain steps
+constexpr int32_t STEADY_FIRST = 4;        // a draft model's first decode right after a draft: 1 + what it caught up
+constexpr int32_t OWED_RUN_MAX = 4;        // probes in a row to price drafting, at most
 
 }  // namespace
 
@@ -248,6 +250,31 @@ bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_coun
     return curve >= 0 && at(curve);
 }
 
+bool cost_table::measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
+    bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
+    auto at = [&](int32_t bk) {
+        const bucket_data & b = b_[bk];
+        for (size_t j = 0; j < b.keys.size() && b.keys[j] <= n_tokens; ++j) {
+            if (b.count[j] >= min_count) {
+                return true;
+            }
+        }
+        return false;
+    };
+    if (at(bucket)) {
+        return true;
+    }
+    if (b_[bucket].keys.size() >= 2) {
+        return false;
+    }
+    // where predict() looks for this depth: a neighbouring depth's curve, else any depth's sizes
+    int32_t from = nearest(bucket, 2);
+    if (from < 0 && b_[bucket].keys.empty()) {
+        from = nearest(bucket, 1);
+    }
+    return from >= 0 && at(from);
+}
+
 bool cost_table::has_any() const {
     for (const auto & b : b_) {
         if (b.n_seen > 0) {
@@ -322,6 +349,7 @@ void controller::reset_stream(int32_t stream) {
     s.gap = 0;
     s.gap_len = GAP_MIN;
     s.probing = false;
+    s.owed_run = 0;
     s.steps = 0;
     s.led_real.assign(LEDGER_STEPS, 0.0);
     s.led_plain.assign(LEDGER_STEPS, 0.0);
@@ -514,7 +542,7 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         }
         const int32_t len = s.gap <= 0 && cap_of(i) > 0 ? probe_len(i, cap_of(i), bucket, free, n_active == 1) : 0;
         if (s.gap <= 0 && len == 0) {
-            s.gap = s.gap_len;
+            s.gap = std::max(s.gap_len, GAP_MIN);
         } else if (s.gap <= 0) {
             k[i] = len;
             s.probing = true;
@@ -644,6 +672,11 @@ int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const
         if (!alone) {
             return 0;  // beside other streams a probe's batch is not the size to measure
         }
+        // a draft model's probes after plain steps pay a catch-up (and, on a GPU, a graph for each new batch
+        // shape): its steady cost - what every step of a paying run costs - comes from probes that follow probes
+        if (drafting_owed(bucket)) {
+            return std::min(cap, PROBE_K + 1);  // one further decode: its cost is measured too
+        }
         for (int32_t n_tok = 1 + cap; n_tok <= 1 + std::max(cap, p_.n_max); ++n_tok) {
             if (target_.measured_for(n_tok, bucket, 1)) {
                 return 0;  // measured at this size or beyond: the sizes below are interpolated, not guessed
@@ -654,6 +687,16 @@ int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const
     // the best case pays where it rests on a size never measured twice: measure that size (the gain expected at
     // it pays for much of the probe), else probe short to learn acceptance
     return !alone || target_.measured_for(1 + best, bucket, 2) ? std::min(cap, PROBE_K) : best;
+}
+
+bool controller::drafting_owed(int32_t bucket) const {
+    if (p_.kind != DRAFTER_MODEL) {
+        return false;
+    }
+    // the first decode at a steady size seen twice; a further decode, once seen, seen twice (unseen, it is
+    // priced optimistically, which cannot make drafting look worse than it is)
+    return !draft_first_.measured_upto(STEADY_FIRST, bucket, 2) ||
+           (draft_rest_.measured_upto(1, bucket, 1) && !draft_rest_.measured_upto(1, bucket, 2));
 }
 
 bool controller::worth_drafting(int32_t depth) const {
@@ -874,7 +917,12 @@ void controller::observe(const step_obs & o) {
             const int32_t cap = probe_gap_cap(i, bucket, free);
             const int32_t next = probe_len(i, p_.n_max, bucket, free, n_active == 1);
             const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, bucket, 2));
-            s.gap_len = owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
+            // drafting's steady cost is measured by the very next step (a few in a row at most)
+            const bool follow = next > 0 && n_active == 1 && drafting_owed(bucket) && ++s.owed_run < OWED_RUN_MAX;
+            if (!follow) {
+                s.owed_run = 0;
+            }
+            s.gap_len = follow ? 0 : owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
             s.gap = s.gap_len;
         }
     }

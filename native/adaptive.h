@@ -69,6 +69,8 @@ public:
     // measured at least min_count times here, or - where this depth has only a calibration step - on the curve
     // predict() borrows for it
     bool measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
+    // the same for any size up to n_tokens
+    bool measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
     bool has_any() const;
     void clear();
 
@@ -189,6 +191,7 @@ private:
         int32_t gap = 0;           // steps until the next probe
         int32_t gap_len = 4;       // current probe interval
         bool probing = false;      // this step's draft is a probe
+        int32_t owed_run = 0;      // probes in a row that followed one another to price drafting
         int32_t steps = 0;
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
         std::vector<double> led_real, led_plain, led_tok;
@@ -207,6 +210,8 @@ private:
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
     // its step, whose probe batch is that size), 0 where even the best case cannot pay by measured costs
     int32_t probe_len(int32_t stream, int32_t cap, int32_t bucket, const std::vector<int32_t> & free, bool alone) const;
+    // a draft model's steady cost (a draft right after a draft: little to catch up) not yet measured twice here
+    bool drafting_owed(int32_t bucket) const;
 
     controller_params p_;
     std::vector<stream_state> s_;

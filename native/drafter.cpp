@@ -130,6 +130,9 @@ void draft_model_run(pls_session & s, step_timing & tm) {
         common_sampler_reset(s.dft_smpl[st->seq].get());
     }
     decode_dft(s, "draft");
+    // the device finishing the decode (on a GPU the call only queued it): the wait belongs to this decode's cost,
+    // not to whatever synchronises next (the sampling below, after the clock has moved on)
+    llama_synchronize(s.ctx_dft.get());
     tm.draft_first_ms += (now_us() - t0) / 1000.0;
 
     // one token per decode for every stream still drafting; each stops at its k or below p_min
@@ -164,6 +167,7 @@ void draft_model_run(pls_session & s, step_timing & tm) {
             break;
         }
         decode_dft(s, "draft");
+        llama_synchronize(s.ctx_dft.get());
         tm.draft_rest_ms += (now_us() - t1) / 1000.0;
         tm.draft_iters++;
     }

@@ -65,6 +65,8 @@ class Sim:
 
     first_shape_ms: float = 0.0     # one-time cost of a batch size's first run (a GPU graph captured for it)
     seen_shapes: set = field(default_factory=set)
+    draft_shape_ms: float = 0.0     # the same for a draft model's first decode of a new size (its catch-ups vary)
+    seen_draft_shapes: set = field(default_factory=set)
 
     def step(self, accept: list[float] | float, active: list[int] | None = None,
              free: list[int] | None = None) -> list[int]:
@@ -96,6 +98,10 @@ class Sim:
             limit = self.info().catchup_limit
             catchup = [min(self.pending[i], limit) if i in drafting else 0 for i in range(n)]
             t_first = m.draft_first + m.catchup_token * sum(catchup) + 0.2 * m.draft_first * (len(drafting) - 1)
+            first_rows = len(drafting) + sum(catchup)
+            if first_rows not in self.seen_draft_shapes:
+                self.seen_draft_shapes.add(first_rows)
+                t_first += self.draft_shape_ms
             k_top = max(ks[i] for i in drafting)
             iters = k_top - 1
             t_rest = sum(m.draft_token * (1 + 0.2 * (sum(1 for i in drafting if ks[i] > it) - 1)) for it in range(1, k_top))
@@ -305,6 +311,20 @@ def test_a_fresh_controller_learns_cheaply_that_a_pair_cannot_pay():
     drafting = [i for i, k in enumerate(sim.ks) if k[0] > 0]
     assert 0 < len(drafting) <= 6 and max(drafting) < 40, drafting
     assert sim.time_ms <= 1.02 * sim.plain_ms
+
+
+def test_a_draft_model_priced_only_by_its_catch_ups_is_not_judged_hopeless():
+    # a GPU where a draft model's decode of a new batch size captures a graph: at zero acceptance every probe
+    # follows plain steps, so it catches up on a new number of tokens and pays a capture each time - priced by
+    # those alone, drafting looks as if it could never pay. Its steady cost (a draft right after a draft) is
+    # measured before that verdict, so when acceptance rises the pair drafts and pays.
+    m = Machine(base=3.3, per_token=0.2, draft_first=1.1, draft_token=1.1, catchup_token=0.01, overhead=0.3)
+    sim = Sim(m, n_max=8, first_shape_ms=6.0, draft_shape_ms=6.0, seed=5).run(1000, 0.0)
+    assert sim.time_ms <= 1.05 * sim.plain_ms
+    t0, plain0, n0 = sim.time_ms, sim.plain_ms, len(sim.ks)
+    sim.run(1000, 0.9)
+    assert sum(k[0] for k in sim.ks[n0 + 500:]) / 500 >= 2
+    assert (sim.plain_ms - plain0) / (sim.time_ms - t0) >= 1.3
 
 
 def test_seeded_costs_skip_the_learning_and_keep_a_pair_that_pays():

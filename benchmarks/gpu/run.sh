@@ -4,9 +4,11 @@
 #              synth05, synth7 (the models)
 #   tests      the suite on CUDA (no real models: they cannot travel)
 #   step       step cost, 7B-shape Q4_0 target + 0.5B-shape Q4_0 drafter: plain, fixed, adaptive, upstream
+#              (NATURAL_ARMS= narrows the natural-acceptance cell)
 #   depth4k, depth16k   the same at 4k and 16k context, synthetic acceptance (ARMS=, LEVELS= narrow them)
 #   hybrid27   27B-shape hybrid target + DFlash2-shape drafter (ring rollback), synthetic acceptance, depths
-# Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT.
+# Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT. Each phase starts
+# with an empty cost cache (PYLLAMASPEC_COST_CACHE), so adaptive arms learn their costs within the run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
@@ -24,7 +26,7 @@ phase_build() {
     local t0=$SECONDS extra=""
     [ "${UPSTREAM:-0}" = 1 ] && extra=" -DPYLLAMASPEC_BUILD_UPSTREAM_SPECULATIVE=ON"
     # verbose into $OUT: a call cut short still returns how far the build got
-    PYLLAMASPEC_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90$extra" \
+    PYLLAMASPEC_BACKEND=cuda CUDAARCHS=90 CMAKE_ARGS="$extra" \
         CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -v --no-build-isolation --no-deps --target $PKG . \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
@@ -55,7 +57,7 @@ phase_diag() {
 
 phase_step() {
     python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
-        --arms plain,n4,n8,adaptive,upstream-n4,upstream-n8 --depth 0 --synth 0 --rounds 8 --n-predict 128 \
+        --arms "${NATURAL_ARMS:-plain,n4,n8,adaptive,upstream-n4,upstream-n8}" --depth 0 --synth 0 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-natural.json"
     python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
         --arms plain,n2,n4,n8,adaptive --depth 0 --synth 0.3,0.6,0.8,0.9 --rounds 8 --n-predict 128 \
@@ -83,6 +85,9 @@ phase_hybrid27() {
 }
 
 for phase in "$@"; do
-    echo "== $phase"
-    "phase_$phase" || { echo "phase $phase failed"; exit 1; }
+    echo "== $phase ($(date -u +%T), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg))"
+    t_phase=$SECONDS
+    # each phase starts with no kept costs: adaptive arms learn theirs in the run, as on a new machine
+    PYLLAMASPEC_COST_CACHE=$(mktemp -d) "phase_$phase" || { echo "phase $phase failed"; exit 1; }
+    echo "== $phase: $((SECONDS - t_phase)) s"
 done
