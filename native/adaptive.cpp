@@ -234,27 +234,20 @@ bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
 }
 
 bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
-    bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
-    auto at = [&](int32_t bk) {
-        const bucket_data & b = b_[bk];
-        const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), std::min(n_tokens, MAX_T));
-        return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= min_count;
-    };
-    if (at(bucket)) {
-        return true;
-    }
-    if (b_[bucket].keys.size() >= 2) {
-        return false;
-    }
-    const int32_t curve = nearest(bucket, 2);
-    return curve >= 0 && at(curve);
+    return measured_in(n_tokens, n_tokens, bucket, min_count);
 }
 
 bool cost_table::measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
+    return measured_in(1, n_tokens, bucket, min_count);
+}
+
+bool cost_table::measured_in(int32_t lo, int32_t hi, int32_t bucket, int32_t min_count) const {
     bucket = std::clamp(bucket, 0, N_BUCKETS - 1);
+    hi = std::min(hi, MAX_T);
     auto at = [&](int32_t bk) {
         const bucket_data & b = b_[bk];
-        for (size_t j = 0; j < b.keys.size() && b.keys[j] <= n_tokens; ++j) {
+        for (size_t j = std::lower_bound(b.keys.begin(), b.keys.end(), lo) - b.keys.begin();
+             j < b.keys.size() && b.keys[j] <= hi; ++j) {
             if (b.count[j] >= min_count) {
                 return true;
             }

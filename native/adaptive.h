@@ -66,8 +66,8 @@ public:
     bool known(int32_t bucket) const;
     bool known_at(int32_t n_tokens, int32_t bucket) const;
     bool confirmed_at(int32_t n_tokens, int32_t bucket) const;  // seen at least twice
-    // measured at least min_count times here, or - where this depth has only a calibration step - on the curve
-    // predict() borrows for it
+    // measured at least min_count times here, or - where this depth has only a calibration step or nothing - where
+    // predict() looks for it (a neighbouring depth's curve, else any depth's sizes)
     bool measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
     // the same for any size up to n_tokens
     bool measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
@@ -92,6 +92,7 @@ private:
     };
     bucket_data b_[N_BUCKETS];
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
+    bool measured_in(int32_t lo, int32_t hi, int32_t bucket, int32_t min_count) const;
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
     // the nearest bucket with at least min_keys sizes (2: the curve predict() borrows for a bucket; -1: none)
     int32_t nearest(int32_t bucket, size_t min_keys) const;
