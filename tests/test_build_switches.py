@@ -147,6 +147,24 @@ def test_backend_does_not_stick_across_pip_builds(tree):
     assert dropped and set(dropped.group(1).split(";")) == {"GGML_CPU_REPACK", "GGML_CUDA"}, r.output
 
 
+def test_cuda_architectures_given_on_the_command_line_apply_and_do_not_stick(tree):
+    """CMake gives CMAKE_CUDA_ARCHITECTURES its own help string on every -D: still told apart from a cached
+    value (left unread, the build fell back to upstream's list of seven architectures)."""
+    cuda = {"PYLLAMASPEC_BACKEND": "cuda"}
+    r = tree.configure("-DCMAKE_CUDA_ARCHITECTURES=90", env=cuda, expect_ok=None)
+    assert tree.cache().get("CMAKE_CUDA_ARCHITECTURES") == "90", r.output[-3000:]
+    assert "given: CMAKE_CUDA_ARCHITECTURES" in r.output
+    tree.configure("-DCMAKE_CUDA_ARCHITECTURES=89", env=cuda, expect_ok=None)   # given again: the new value
+    assert tree.cache().get("CMAKE_CUDA_ARCHITECTURES") == "89"
+    r = tree.configure(env=cuda, expect_ok=None)         # a later pip build without it: upstream's default
+    assert "CMAKE_CUDA_ARCHITECTURES" not in tree.cache()
+    assert re.search(r"back to default: \S*CMAKE_CUDA_ARCHITECTURES", r.output), r.output[-3000:]
+    tree.configure("-DCMAKE_CUDA_ARCHITECTURES=90", env=cuda, pip=False, expect_ok=None)
+    tree.configure(env=cuda, pip=False, expect_ok=None)  # cmake by hand keeps it
+    assert tree.cache().get("CMAKE_CUDA_ARCHITECTURES") == "90"
+    tree.configure(expect_ok=None)
+
+
 def test_cmake_by_hand_keeps_what_it_is_not_told(tree):
     tree.configure("-DGGML_CPU_REPACK=OFF", env={"PYLLAMASPEC_NATIVE": "ON"}, pip=False)
     c = tree.cache()
