@@ -13,19 +13,22 @@ constexpr double HAZARD_DECAY = 0.97;      // per draft of a stream: ~33 drafts 
 constexpr double POOL_DECAY = 0.97;
 constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimistic, so speculation gets tried
 constexpr double PRIOR_WEIGHT = 2.0;
-constexpr double POSITION_WEIGHT = 4.0;
+constexpr double POSITION_WEIGHT = 2.0;
 constexpr double PROBE_BUDGET = 0.02;      // probes may cost this share of plain decoding
 constexpr int32_t PROBE_K = 1;
 constexpr int32_t GAP_MIN = 4;
 constexpr int32_t GAP_MAX = 4096;
 constexpr int32_t LEDGER_STEPS = 48;       // speculative steps judged together
 constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the window (1 / sqrt(tokens))
-constexpr int32_t PLAIN_REFRESH = 128;     // a plain step at least this often while speculating
+constexpr int32_t PLAIN_REFRESH = 128;     // plain steps at least this often while speculating
+constexpr int32_t STEADY_RUN = 3;          // a size's steady cost: its third run in a row (a GPU graph captured, replayed)
 constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
 constexpr double BEST_CASE_MARGIN = 1.1;   // drafting "could pay" when every token landing beats plain by this
 constexpr double CATCHUP_PLAIN_STEPS = 8.0;  // one catch-up of a draft model costs at most about this many plain steps
 constexpr int32_t STEADY_FIRST = 4;        // a draft model's first decode right after a draft: 1 + what it caught up
 constexpr int32_t OWED_RUN_MAX = 4;        // probes in a row to price drafting, at most
+constexpr double PROBE_PAYS_MARGIN = 1.02; // a probe turns drafting on where it would gain more than this
+constexpr int32_t NEW_PROMPT_GAP_MAX = 32; // first probe interval of a new prompt, at most
 
 }  // namespace
 
@@ -39,7 +42,7 @@ int cost_table::bucket_of(int32_t depth) {
     return b;
 }
 
-void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
+void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool steady) {
     if (!(ms >= 0.0) || !std::isfinite(ms) || n_tokens < 1) {
         return;
     }
@@ -65,6 +68,15 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
         b.ms.insert(b.ms.begin() + i, ms);
         b.count.insert(b.count.begin() + i, 1);
         b.capped.insert(b.capped.begin() + i, capped ? 1 : 0);
+        b.steady.insert(b.steady.begin() + i, steady ? 1 : 0);
+    } else if (b.steady[i] && !steady) {
+        return;  // measured in steady runs: a one-off run's extra cost is not this size's
+    } else if (!b.steady[i] && steady) {
+        // the first steady run replaces what one-off runs (or another session) said
+        b.ms[i] = ms;
+        b.count[i]++;
+        b.capped[i] = 0;
+        b.steady[i] = 1;
     } else {
         // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
         double & cell = b.ms[i];
@@ -83,10 +95,42 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms) {
 }
 
 void cost_table::rebuild(bucket_data & b) {
+    // a size seen in one-off runs only is held to the line through the sizes measured in steady runs (where two
+    // are): what it costs in a run of its own, not what its first runs after other sizes paid
+    b.eff = b.ms;
+    std::vector<size_t> st;
+    for (size_t j = 0; j < b.keys.size(); ++j) {
+        if (b.steady[j]) {
+            st.push_back(j);
+        }
+    }
+    if (st.size() >= 2) {
+        const double slope = (b.ms[st.back()] - b.ms[st.front()]) / (double) (b.keys[st.back()] - b.keys[st.front()]);
+        for (size_t j = 0; j < b.keys.size(); ++j) {
+            if (b.steady[j]) {
+                continue;
+            }
+            const int32_t n = b.keys[j];
+            size_t hi = 0;
+            while (hi < st.size() && b.keys[st[hi]] < n) {
+                hi++;
+            }
+            double line;
+            if (hi == 0) {
+                line = b.ms[st[0]] - slope * (b.keys[st[0]] - n);
+            } else if (hi == st.size()) {
+                line = b.ms[st.back()] + std::max(0.0, slope) * (n - b.keys[st.back()]);
+            } else {
+                const size_t lo = st[hi - 1], up = st[hi];
+                line = b.ms[lo] + (b.ms[up] - b.ms[lo]) * (n - b.keys[lo]) / (double) (b.keys[up] - b.keys[lo]);
+            }
+            b.eff[j] = std::min(b.ms[j], std::max(0.0, line));
+        }
+    }
     b.env.resize(b.ms.size());
     double run = 0.0;
     for (size_t j = 0; j < b.ms.size(); ++j) {
-        run = std::max(run, b.ms[j]);
+        run = std::max(run, b.eff[j]);
         b.env[j] = run;
     }
 }
@@ -96,7 +140,8 @@ void cost_table::export_points(int32_t table, std::vector<cost_point> & out) con
         const bucket_data & b = b_[bk];
         for (size_t j = 0; j < b.keys.size(); ++j) {
             if (b.count[j] >= 2 || !b.capped[j]) {  // a capped first run says little but that it was dear
-                out.push_back({ table, bk, b.keys[j], b.count[j], b.ms[j] });
+                // a size measured only in one-off runs goes as seen once: the next session's runs replace it
+                out.push_back({ table, bk, b.keys[j], b.steady[j] ? std::max(b.count[j], 2) : 1, b.eff[j] });
             }
         }
     }
@@ -116,10 +161,12 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.ms.insert(b.ms.begin() + i, ms);
         b.count.insert(b.count.begin() + i, count);
         b.capped.insert(b.capped.begin() + i, 0);
+        b.steady.insert(b.steady.begin() + i, count >= 2 ? 1 : 0);
     } else {
         b.ms[i] = ms;
         b.count[i] = count;
         b.capped[i] = 0;
+        b.steady[i] = count >= 2 ? 1 : 0;
     }
     b.n_seen += count;
     rebuild(b);
@@ -233,6 +280,13 @@ bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
     return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= 2;
 }
 
+double cost_table::steady_cost(int32_t n_tokens, int32_t bucket) const {
+    const bucket_data & b = b_[std::clamp(bucket, 0, N_BUCKETS - 1)];
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
+    const size_t i = it - b.keys.begin();
+    return it != b.keys.end() && *it == n_tokens && b.steady[i] ? b.ms[i] : -1.0;
+}
+
 bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
     return measured_in(n_tokens, n_tokens, bucket, min_count);
 }
@@ -338,42 +392,53 @@ void controller::reset_stream(int32_t stream) {
     s.h_src[0].resize(std::max(1, p_.n_max));
     s.h_src[1].resize(std::max(1, p_.n_max));
     s.src = 0;
+    // a stream whose drafts did not pay in its last prompt probes a new one less eagerly (the same session's prompts
+    // tend to be alike), yet soon enough to notice one that drafts well
+    s.gap_len = s.off ? std::clamp(s.gap_len / 2, GAP_MIN, NEW_PROMPT_GAP_MAX) : GAP_MIN;
     s.off = false;
     s.gap = 0;
-    s.gap_len = GAP_MIN;
     s.probing = false;
     s.owed_run = 0;
+    s.repeat_k = 0;
     s.steps = 0;
     s.led_real.assign(LEDGER_STEPS, 0.0);
     s.led_plain.assign(LEDGER_STEPS, 0.0);
     s.led_tok.assign(LEDGER_STEPS, 0.0);
     s.led_pos = 0;
+    tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
 }
 
-double controller::pooled(int32_t i, int32_t src) const {
+double controller::pooled(int32_t i, int32_t src, const hazard_counts * except) const {
+    // the pool of every stream's drafts from this source, less one stream's own (its prior must not count its own
+    // evidence again: one rejected draft would weigh several times)
     const hazard_counts & pool = pool_[src];
+    auto acc = [&](size_t j) { return std::max(0.0, pool.acc[j] - (except ? except->acc[j] : 0.0)); };
+    auto tri = [&](size_t j) { return std::max(0.0, pool.tri[j] - (except ? except->tri[j] : 0.0)); };
     double a = 0.0, t = 0.0;
     for (size_t j = 0; j < pool.acc.size(); ++j) {
-        a += pool.acc[j];
-        t += pool.tri[j];
+        a += acc(j);
+        t += tri(j);
     }
     const double overall = (a + PRIOR_WEIGHT * PRIOR_HAZARD) / (t + PRIOR_WEIGHT);
     if (i < 0 || i >= (int32_t) pool.acc.size()) {
         return overall;
     }
-    return (pool.acc[i] + PRIOR_WEIGHT * overall) / (pool.tri[i] + PRIOR_WEIGHT);
+    return (acc(i) + PRIOR_WEIGHT * overall) / (tri(i) + PRIOR_WEIGHT);
 }
 
 double controller::hazard(const stream_state & s, int32_t i) const {
-    // position i's own counts, shrunk towards the stream's rate over all positions, itself shrunk towards the pool:
-    // a position rarely tried (k seldom reaches it) follows what the stream does elsewhere
+    // position i's own counts, shrunk towards the stream's rate at its other positions, itself shrunk towards the
+    // other streams' pool: a position rarely tried (k seldom reaches it) follows what the stream does elsewhere, and
+    // each draft is evidence once
     const hazard_counts & h = s.h();
     double a = 0.0, t = 0.0;
     for (size_t j = 0; j < h.acc.size(); ++j) {
-        a += h.acc[j];
-        t += h.tri[j];
+        if ((int32_t) j != i) {
+            a += h.acc[j];
+            t += h.tri[j];
+        }
     }
-    const double stream_rate = (a + PRIOR_WEIGHT * pooled(i, s.src)) / (t + PRIOR_WEIGHT);
+    const double stream_rate = (a + PRIOR_WEIGHT * pooled(i, s.src, &h)) / (t + PRIOR_WEIGHT);
     if (i >= (int32_t) h.acc.size()) {
         return stream_rate;
     }
@@ -386,6 +451,17 @@ std::vector<double> controller::pooled_hazards() const {
         out[i] = pooled(i);
     }
     return out;
+}
+
+double controller::draft_first_cost(int32_t rows, int32_t bucket) const {
+    // a step's first draft decode costs about what a further decode costs, plus what each row it catches up
+    // costs: held to that, so its one-off runs (a probe after plain steps; on a GPU its graph runs eagerly or is
+    // captured) do not price the drafting of a run
+    const double f = draft_first_.predict(rows, bucket);
+    if (!draft_rest_.measured_upto(1, bucket, 2)) {
+        return f;
+    }
+    return std::min(f, draft_rest_.predict(1, bucket) + catchup_token_ms(bucket) * std::max(0, rows - 1));
 }
 
 double controller::catchup_token_ms(int32_t bucket) const {
@@ -435,7 +511,7 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
     }
     switch (p_.kind) {
         case DRAFTER_MODEL:
-            ms += draft_first_.predict(first, bucket);
+            ms += draft_first_cost(first, bucket);
             for (int32_t it = 1; it < k_max; ++it) {
                 int32_t n_it = 0;
                 for (size_t i = 0; i < k.size(); ++i) {
@@ -495,12 +571,16 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         return;
     }
 
-    // calibration: a plain step where the plain cost at this depth is unknown, and now and then while speculating
+    // calibration: plain steps where the plain cost at this depth was not measured in a steady run (the first runs
+    // may pay a warm-up: a GPU graph captured), and now and then while speculating
     bool any_on = false;
     for (int32_t i = 0; i < n; ++i) {
         any_on = any_on || (active[i] && !s_[i].off && cap_of(i) > 0);
     }
-    if (!target_.known_at(n_active, bucket) || (any_on && since_plain_ >= PLAIN_REFRESH) || guard_cooldown_ > 0) {
+    if (any_on && since_plain_ >= PLAIN_REFRESH && guard_cooldown_ == 0) {
+        guard_cooldown_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
+    }
+    if (target_.steady_cost(n_active, bucket) < 0.0 || guard_cooldown_ > 0) {
         if (guard_cooldown_ > 0) {
             guard_cooldown_--;
         }
@@ -533,7 +613,10 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         if (!active[i] || !s.off || free[i] > 0) {
             continue;  // on, or off with a free draft this step: the rows below judge it, no probe needed
         }
-        const int32_t len = s.gap <= 0 && cap_of(i) > 0 ? probe_len(i, cap_of(i), bucket, free, n_active == 1) : 0;
+        const int32_t len = s.gap > 0 || cap_of(i) <= 0 ? 0
+                            : s.repeat_k > 0        ? std::min(cap_of(i), s.repeat_k)
+                                                    : probe_len(i, cap_of(i), bucket, free, n_active == 1);
+        s.repeat_k = 0;
         if (s.gap <= 0 && len == 0) {
             s.gap = std::max(s.gap_len, GAP_MIN);
         } else if (s.gap <= 0) {
@@ -635,7 +718,7 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
         std::fill(s.led_plain.begin(), s.led_plain.end(), 0.0);
         std::fill(s.led_tok.begin(), s.led_tok.end(), 0.0);
         s.led_pos = 0;
-        guard_cooldown_ = 1;  // a plain step first: it re-measures the plain cost at this depth
+        guard_cooldown_ = STEADY_RUN;  // plain steps first: they re-measure the plain cost at this depth
     }
 }
 
@@ -715,6 +798,9 @@ std::vector<cost_point> controller::export_costs() const {
     if (overhead_seen_spec_) {
         out.push_back({ COST_OVERHEAD_SPEC, 0, 0, 1, overhead_spec_ });
     }
+    if (cold_seen_) {
+        out.push_back({ COST_COLD, 0, 0, 1, cold_ms() });
+    }
     return out;
 }
 
@@ -737,6 +823,12 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
                     overhead_seen_spec_ = true;
                 }
                 break;
+            case COST_COLD:
+                if (c.ms >= 0.0 && std::isfinite(c.ms)) {
+                    cold_ms_ = c.ms;
+                    cold_seen_ = true;
+                }
+                break;
             default: break;
         }
     }
@@ -749,7 +841,8 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
     k[stream] = PROBE_K;
     const bool is_free = stream < (int32_t) free.size() && free[stream] > 0;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain);
+    // a probe's batch runs cold (its size did not run in the steps before)
+    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + cold_ms();
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = PROBE_BUDGET * plain;
@@ -795,8 +888,20 @@ void controller::observe(const step_obs & o) {
     steps_++;
     const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
 
-    // costs
-    target_.observe(n_tok, bucket, o.t_target_ms);
+    // costs: a batch of the size the two steps before ran is a steady run; one of another size is a one-off, whose
+    // extra over the size's steady cost is learnt apart (it prices probes, not the draft lengths a run settles on)
+    if (o.t_target_ms >= 0.0) {
+        const bool steady = n_tok == tok_prev_[0] && n_tok == tok_prev_[1];
+        const double ref = target_.steady_cost(n_tok, bucket);
+        if (!steady && ref >= 0.0) {
+            const double excess = o.t_target_ms - ref;
+            cold_ms_ = cold_seen_ ? cold_ms_ + EMA * (excess - cold_ms_) : excess;
+            cold_seen_ = true;
+        }
+        target_.observe(n_tok, bucket, o.t_target_ms, steady);
+    }
+    tok_prev_[1] = tok_prev_[0];
+    tok_prev_[0] = o.t_target_ms >= 0.0 ? n_tok : 0;
     double draft_ms = 0.0;
     if (n_drafting > 0) {
         if (p_.kind == DRAFTER_MODEL) {
@@ -897,7 +1002,7 @@ void controller::observe(const step_obs & o) {
             surv *= hazard(s, j);
             expect += surv;
             k[i] = j + 1;
-            pays = expect / predict_step(k, act, pend, bucket, free_i) > base;
+            pays = expect / predict_step(k, act, pend, bucket, free_i) > PROBE_PAYS_MARGIN * base;
         }
         if (pays) {
             s.off = false;
@@ -910,11 +1015,15 @@ void controller::observe(const step_obs & o) {
             const int32_t cap = probe_gap_cap(i, bucket, free);
             const int32_t next = probe_len(i, p_.n_max, bucket, free, n_active == 1);
             const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, bucket, 2));
-            // drafting's steady cost is measured by the very next step (a few in a row at most)
-            const bool follow = next > 0 && n_active == 1 && drafting_owed(bucket) && ++s.owed_run < OWED_RUN_MAX;
+            // drafting's steady cost is measured by the very next step (a few in a row at most), and the probe's
+            // batch in a steady run by the same probe again (its first runs on a GPU capture or run eagerly)
+            const bool repeat = n_active == 1 && target_.steady_cost(n_tok, bucket) < 0.0;
+            const bool follow = next > 0 && n_active == 1 && (drafting_owed(bucket) || repeat) &&
+                                ++s.owed_run < OWED_RUN_MAX;
             if (!follow) {
                 s.owed_run = 0;
             }
+            s.repeat_k = follow && repeat ? o.n_drafted[i] : 0;
             s.gap_len = follow ? 0 : owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
             s.gap = s.gap_len;
         }

@@ -21,6 +21,7 @@
 // the same setup starts from them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -43,6 +44,7 @@ enum cost_table_id : int32_t {
     COST_DRAFT_CALL = 3,
     COST_OVERHEAD_PLAIN = 4,  // n_tokens 0
     COST_OVERHEAD_SPEC = 5,   // n_tokens 0
+    COST_COLD = 6,            // n_tokens 0
 };
 struct cost_point {
     int32_t table = 0;
@@ -60,7 +62,9 @@ public:
 
     static int bucket_of(int32_t depth);
 
-    void observe(int32_t n_tokens, int32_t bucket, double ms);
+    // steady: the same size ran in the steps before (false: a one-off run, which on a GPU pays its graph's capture
+    // or an eager run; once a size was measured in steady runs its one-off runs are not learnt from)
+    void observe(int32_t n_tokens, int32_t bucket, double ms, bool steady = true);
     // predicted cost; falls back to the nearest shallower bucket with data, then to prior(n_tokens)
     double predict(int32_t n_tokens, int32_t bucket) const;
     bool known(int32_t bucket) const;
@@ -73,6 +77,8 @@ public:
     bool measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
     bool has_any() const;
     void clear();
+    // the size's own cost learnt from steady runs at this depth (no envelope, nothing borrowed), -1 where none
+    double steady_cost(int32_t n_tokens, int32_t bucket) const;
 
     // what was learnt, to seed a later session on the same machine
     void export_points(int32_t table, std::vector<cost_point> & out) const;
@@ -88,6 +94,8 @@ private:
         std::vector<double> env;     // monotone envelope of ms (running max), rebuilt on change
         std::vector<int32_t> count;  // observations per key
         std::vector<uint8_t> capped; // the first observation was capped (it may have paid a one-time cost)
+        std::vector<uint8_t> steady; // learnt from steady runs (else from one-off runs only, or imported)
+        std::vector<double> eff;     // ms, a one-off-only size held to the line of the steady sizes
         int32_t n_seen = 0;
     };
     bucket_data b_[N_BUCKETS];
@@ -168,11 +176,14 @@ public:
     // what it has learnt, for stats
     int32_t last_bucket() const { return last_bucket_; }
     double target_cost(int32_t n_tokens, int32_t bucket) const { return target_.predict(n_tokens, bucket); }
-    double draft_first_ms(int32_t bucket) const { return draft_first_.predict(1, bucket); }
+    double draft_first_ms(int32_t bucket) const { return draft_first_cost(1, bucket); }
     double draft_token_ms(int32_t bucket) const { return draft_rest_.predict(1, bucket); }
     double draft_call_ms() const { return draft_call_.predict(1, 0); }
     double catchup_token_ms(int32_t bucket) const;
+    // a draft model's first decode of a step, of this many rows (one per stream drafting, plus what they catch up)
+    double draft_first_cost(int32_t rows, int32_t bucket) const;
     double overhead_ms() const { return overhead_spec_; }
+    double cold_ms() const { return cold_seen_ ? std::max(0.0, cold_ms_) : 0.0; }
     double plain_ms_per_token(int32_t bucket) const;
     std::vector<double> pooled_hazards() const;
     const std::vector<int32_t> & last_k() const { return last_k_; }
@@ -193,6 +204,7 @@ private:
         int32_t gap_len = 4;       // current probe interval
         bool probing = false;      // this step's draft is a probe
         int32_t owed_run = 0;      // probes in a row that followed one another to price drafting
+        int32_t repeat_k = 0;      // the next probe repeats this draft length (its batch measured in a steady run)
         int32_t steps = 0;
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
         std::vector<double> led_real, led_plain, led_tok;
@@ -200,7 +212,7 @@ private:
     };
 
     double hazard(const stream_state & s, int32_t i) const;
-    double pooled(int32_t i, int32_t src = 0) const;
+    double pooled(int32_t i, int32_t src = 0, const hazard_counts * except = nullptr) const;
     double predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
                         const std::vector<int32_t> & pending, int32_t bucket,
                         const std::vector<int32_t> & free = {}) const;
@@ -223,6 +235,12 @@ private:
     cost_table draft_call_;   // upstream drafter call, by streams drafting (bucket 0)
     double overhead_spec_ = 0.0, overhead_plain_ = 0.0;
     bool overhead_seen_spec_ = false, overhead_seen_plain_ = false;
+    // a target batch of a size that did not run in the two steps before costs more than in a steady run (on a
+    // GPU its graph runs eagerly or is captured): learnt apart, or a short draft between plain steps would look
+    // dear for good
+    double cold_ms_ = 0.0;
+    bool cold_seen_ = false;
+    int32_t tok_prev_[2] = { 0, 0 };  // the target batch sizes of the last two steps (0: none, or a prompt's)
     std::vector<int32_t> last_k_;
     int32_t last_bucket_ = 0;
     int32_t steps_ = 0;

@@ -645,6 +645,7 @@ void fill_adaptive_info(const controller & c, pls_adaptive_info & out) {
     out.catchup_token_ms = c.catchup_token_ms(b);
     out.catchup_limit = c.catchup_limit(b);
     out.overhead_ms = c.overhead_ms();
+    out.cold_ms = c.cold_ms();
     const std::vector<double> h = c.pooled_hazards();
     out.n_hazard = std::min<int32_t>((int32_t) h.size(), 64);
     for (int32_t i = 0; i < out.n_hazard; ++i) {

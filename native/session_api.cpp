@@ -560,6 +560,14 @@ extern "C" int32_t pls_controller_observe(pls_controller * c, const pls_step_obs
     });
 }
 
+extern "C" int32_t pls_controller_reset_stream(pls_controller * c, int32_t stream) {
+    if (c == nullptr || stream < 0 || stream >= c->c->params().n_streams) {
+        return PLS_ERR_INVALID;
+    }
+    c->c->reset_stream(stream);
+    return PLS_OK;
+}
+
 extern "C" int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out) {
     if (c == nullptr || out == nullptr) {
         return PLS_ERR_INVALID;
@@ -590,7 +598,7 @@ namespace {
 static_assert((int) PLS_COST_TARGET == (int) COST_TARGET && (int) PLS_COST_DRAFT_FIRST == (int) COST_DRAFT_FIRST &&
               (int) PLS_COST_DRAFT_REST == (int) COST_DRAFT_REST && (int) PLS_COST_DRAFT_CALL == (int) COST_DRAFT_CALL &&
               (int) PLS_COST_OVERHEAD_PLAIN == (int) COST_OVERHEAD_PLAIN &&
-              (int) PLS_COST_OVERHEAD_SPEC == (int) COST_OVERHEAD_SPEC,
+              (int) PLS_COST_OVERHEAD_SPEC == (int) COST_OVERHEAD_SPEC && (int) PLS_COST_COLD == (int) COST_COLD,
               "cost table ids of the header and the controller must agree");
 
 int32_t export_costs(const controller & c, pls_cost_point * out, int32_t capacity) {
@@ -612,8 +620,9 @@ void import_costs(controller & c, const pls_cost_point * in, int32_t n) {
     std::vector<cost_point> pts;
     for (int32_t i = 0; i < n; ++i) {
         const pls_cost_point & p = in[i];
-        const bool overhead = p.table == PLS_COST_OVERHEAD_PLAIN || p.table == PLS_COST_OVERHEAD_SPEC;
-        const bool ok = p.table >= PLS_COST_TARGET && p.table <= PLS_COST_OVERHEAD_SPEC && p.bucket >= 0 &&
+        const bool overhead = p.table == PLS_COST_OVERHEAD_PLAIN || p.table == PLS_COST_OVERHEAD_SPEC ||
+                              p.table == PLS_COST_COLD;
+        const bool ok = p.table >= PLS_COST_TARGET && p.table <= PLS_COST_COLD && p.bucket >= 0 &&
                         p.bucket < cost_table::N_BUCKETS && p.count >= 1 && std::isfinite(p.ms) && p.ms >= 0.0 &&
                         (overhead ? p.n_tokens == 0 : (p.n_tokens >= 1 && p.n_tokens <= cost_table::MAX_T));
         if (!ok) {

@@ -183,6 +183,7 @@ class AdaptiveInfo:
     draft_call_ms: float
     catchup_token_ms: float
     overhead_ms: float
+    cold_ms: float                # a target batch of a size not run in the two steps before: its extra cost
     hazards: list[float]          # P(draft position i accepted | the positions before it were)
     plain_ms_per_token: float
     last_k: list[int]             # the draft length chosen per stream in the last step
@@ -439,7 +440,7 @@ class SpecSession:
             enabled=bool(o.enabled), n_max=o.n_max, depth_bucket=o.depth_bucket,
             target_ms=list(o.target_ms[0:o.n_target_points]), draft_first_ms=o.draft_first_ms,
             draft_token_ms=o.draft_token_ms, draft_call_ms=o.draft_call_ms, catchup_token_ms=o.catchup_token_ms,
-            overhead_ms=o.overhead_ms, hazards=list(o.hazard[0:o.n_hazard]), plain_ms_per_token=o.plain_ms_per_token,
+            overhead_ms=o.overhead_ms, cold_ms=o.cold_ms, hazards=list(o.hazard[0:o.n_hazard]), plain_ms_per_token=o.plain_ms_per_token,
             last_k=list(o.last_k[0:o.n_streams]))
 
     def stream_stats(self, index: int) -> Stats:

@@ -288,6 +288,8 @@ typedef struct pls_adaptive_info {
     double  catchup_token_ms;       /* per token a draft model catches up */
     int32_t catchup_limit;          /* a draft model further behind restarts from this many recent tokens */
     double  overhead_ms;            /* per step, neither drafting nor the target batch */
+    double  cold_ms;                /* a target batch of a size not run in the two steps before it costs this much
+                                     * more than in steady runs (on a GPU its graph runs eagerly or is captured) */
     double  hazard[64];             /* P(position i accepted | positions before it were), pooled over streams */
     int32_t n_hazard;
     double  plain_ms_per_token;     /* estimated plain decoding cost at the current depth */
@@ -431,12 +433,15 @@ void    pls_controller_free(pls_controller * c);
 int32_t pls_controller_choose(pls_controller * c, const int32_t * caps, const int32_t * depth, const int32_t * active,
                               const int32_t * pending, const int32_t * free_len, int32_t * k_out);
 int32_t pls_controller_observe(pls_controller * c, const pls_step_observation * obs);
+/* a new prompt in a stream (what a session does at each generation): its acceptance history goes, costs stay */
+int32_t pls_controller_reset_stream(pls_controller * c, int32_t stream);
 int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out);
 int32_t pls_controller_stats(const pls_controller * c, pls_stats * out);
 
 /* The costs a controller measured on this machine, to seed a later session of the same models and settings (a
  * cache across processes). An import counts each point for at most two measurements, so what the machine
- * measures now soon outweighs it. */
+ * measures now soon outweighs it; a target point of count 1 is provisional (that size was seen only in one-off
+ * runs, after other sizes), and the size's first steady run replaces it. */
 enum {
     PLS_COST_TARGET = 0,            /* a target batch of n_tokens, per depth bucket */
     PLS_COST_DRAFT_FIRST = 1,       /* a draft model's first decode of a step, by tokens in it */
@@ -444,6 +449,7 @@ enum {
     PLS_COST_DRAFT_CALL = 3,        /* an upstream drafter's call */
     PLS_COST_OVERHEAD_PLAIN = 4,    /* per plain step beyond the target batch (n_tokens 0, bucket 0) */
     PLS_COST_OVERHEAD_SPEC = 5,     /* per speculative step beyond drafting and the target batch */
+    PLS_COST_COLD = 6,              /* a target batch run cold, beyond its steady cost (n_tokens 0, bucket 0) */
     PLS_COST_MAX_POINTS = 4096
 };
 typedef struct pls_cost_point {
