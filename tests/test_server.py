@@ -216,12 +216,30 @@ def test_completions_greedy_equal_generate(server, refs, stream):
             assert r.choices[0].finish_reason == "length"
             assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == N_PREDICT
             t = extra(r, "timings")
-            assert t["predicted_n"] == N_PREDICT and t["prompt_n"] == len(prompt)
+            assert t["predicted_n"] == N_PREDICT and t["prompt_n"] + t["cache_n"] == len(prompt) and t["prompt_n"] >= 1
             assert 0 <= t["draft_n_accepted"] <= t["draft_n"] and t["draft_n"] > 0
         expected = ref(prompt)
         assert_near(tokens, expected)
         if tokens == expected.tokens:
             assert text == expected.text
+
+
+def test_timings_count_what_a_slots_memory_already_held(server, refs):
+    """As llama-server: a prompt that starts with one a slot finished is processed only from where it differs;
+    timings.prompt_n counts what was processed, cache_n (and usage's cached_tokens) what the slot held."""
+    ref, _ = refs
+    c = client(server)
+    first = PROMPTS[4]
+    r1 = c.completions.create(model=MODEL, prompt=first, max_tokens=8, temperature=0,
+                              extra_body={"return_tokens": True})
+    follow = first + extra(r1.choices[0], "tokens") + [5, 6]
+    r2 = c.completions.create(model=MODEL, prompt=follow, max_tokens=8, temperature=0,
+                              extra_body={"return_tokens": True})
+    t = extra(r2, "timings")
+    assert t["prompt_n"] + t["cache_n"] == len(follow) == r2.usage.prompt_tokens
+    assert t["cache_n"] >= len(first) and t["prompt_n"] >= 1
+    assert r2.usage.prompt_tokens_details.cached_tokens == t["cache_n"]
+    assert_near(extra(r2.choices[0], "tokens"), ref(follow, 8))
 
 
 @pytest.mark.parametrize("stream", [False, True])

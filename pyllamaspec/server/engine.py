@@ -125,6 +125,7 @@ class Job:
         self.t_admitted: float | None = None
         self.t_first: float | None = None
         self.n_generated = 0
+        self.n_processed = 0        # prompt tokens processed (the rest came from a slot's memory of an earlier one)
         self.n_drafted = 0
         self.n_accepted = 0
         self.prompt_counted = False
@@ -326,6 +327,7 @@ class Engine:
         now = time.perf_counter()
         if job.done:
             return  # ended by a stop string or shutdown: its slot frees when this event says so
+        job.n_processed += e.n_prompt
         if e.n_drafted:
             job.n_drafted += e.n_drafted
             job.n_accepted += e.n_accepted
@@ -382,12 +384,14 @@ class Engine:
         prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
         predicted_ms = (now - t_first) * 1000.0
         n_prompt = len(job.tokens)
+        # as llama-server: prompt_n counts what was processed, cache_n what a slot's memory already held
+        n_done = min(job.n_processed, n_prompt)
         timings = {
-            "cache_n": 0,
-            "prompt_n": n_prompt,
+            "cache_n": n_prompt - n_done,
+            "prompt_n": n_done,
             "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
-            "prompt_per_second": n_prompt / prompt_ms * 1000.0 if prompt_ms > 0 else 0.0,
+            "prompt_per_token_ms": prompt_ms / n_done if n_done else 0.0,
+            "prompt_per_second": n_done / prompt_ms * 1000.0 if prompt_ms > 0 else 0.0,
             "predicted_n": job.n_generated,
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / job.n_generated if job.n_generated else 0.0,
@@ -396,7 +400,8 @@ class Engine:
             "draft_n_accepted": job.n_accepted,
         }
         usage = {"prompt_tokens": n_prompt, "completion_tokens": job.n_generated,
-                 "total_tokens": n_prompt + job.n_generated}
+                 "total_tokens": n_prompt + job.n_generated,
+                 "prompt_tokens_details": {"cached_tokens": n_prompt - n_done}}
         job.done = True
         if self.metrics is not None:
             self.metrics.tokens_predicted_seconds.inc(predicted_ms / 1000.0)
