@@ -7,6 +7,10 @@
 #   OUT             the JSON to write
 #   LCP_PYTHON      a Python whose `import llama_cpp.server` works (default: python; skipped when it fails)
 #   NP, CTX, THREADS, LEVELS, REQUESTS, MAX_TOKENS, ROUNDS: slots, context, threads and the load (defaults below)
+#   EXTRA           more flags for every server of ours and llama-server (e.g. "-ngl 99")
+#   PYTHON          the Python that runs our server and the load (default: python)
+#   UPSTREAM_SPEC   0: no llama-server with the draft model
+#   LOG_DIR         where the servers' logs are copied at the end (default: not kept)
 set -euo pipefail
 : "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
 NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
@@ -15,7 +19,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 LOGS=$(mktemp -d)
 PIDS=()
 SERVERS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true
+    [ -z "${LOG_DIR:-}" ] || cp "$LOGS"/*.log "$LOG_DIR"/ 2>/dev/null || true
+}
 trap cleanup EXIT
 
 start() {  # name port command...
@@ -26,16 +33,18 @@ start() {  # name port command...
     SERVERS+=(--server "$name=http://127.0.0.1:$port")
 }
 
-common=(-c "$CTX" -np "$NP" -t "$THREADS")
-start ours-plain 8101 python -m pyllamaspec.cli serve -m "$T" "${common[@]}" --port 8101
-start ours-adaptive 8102 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple "${common[@]}" --port 8102
-start ours-n4 8103 python -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
+PYTHON=${PYTHON:-python}
+read -r -a extra <<< "${EXTRA:-}"
+common=(-c "$CTX" -np "$NP" -t "$THREADS" "${extra[@]}")
+start ours-plain 8101 "$PYTHON" -m pyllamaspec.cli serve -m "$T" "${common[@]}" --port 8101
+start ours-adaptive 8102 "$PYTHON" -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple "${common[@]}" --port 8102
+start ours-n4 8103 "$PYTHON" -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
     --spec-adaptive off "${common[@]}" --port 8103
 if [ -n "${LLAMA_SERVER:-}" ]; then
     LLAMA_SERVER=$(realpath "$LLAMA_SERVER")
     start upstream-plain 8104 "$LLAMA_SERVER" -m "$T" "${common[@]}" --port 8104
-    start upstream-n4 8105 "$LLAMA_SERVER" -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
-        "${common[@]}" --port 8105
+    [ "${UPSTREAM_SPEC:-1}" = 0 ] || start upstream-n4 8105 "$LLAMA_SERVER" -m "$T" -md "$D" --spec-type draft-simple \
+        --spec-draft-n-max 4 "${common[@]}" --port 8105
 fi
 LCP_PYTHON=${LCP_PYTHON:-python}
 # llama-cpp-python serves one request at a time; by default a new request interrupts the one running
@@ -54,5 +63,5 @@ for s in "${SERVERS[@]}"; do
         sleep 0.5
     done
 done
-python "$HERE/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
+"$PYTHON" "$HERE/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
     --max-tokens "${MAX_TOKENS:-64}" --rounds "${ROUNDS:-3}" --json "$OUT"

@@ -7,6 +7,8 @@
 #              (NATURAL_ARMS= narrows the natural-acceptance cell)
 #   depth4k, depth16k   the same at 4k and 16k context, synthetic acceptance (ARMS=, LEVELS= narrow them)
 #   hybrid27   27B-shape hybrid target + DFlash2-shape drafter (ring rollback), synthetic acceptance, depths
+#   llamaserver  upstream's llama-server from the pinned tree carried pristine as .ups/ (no patches of ours)
+#   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients (needs both)
 # Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT. Each phase starts
 # with an empty cost cache (PYLLAMASPEC_COST_CACHE), so adaptive arms learn their costs within the run.
 set -uo pipefail
@@ -62,6 +64,23 @@ phase_step() {
     python3 -P benchmarks/step_cost.py -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf \
         --arms plain,n2,n4,n8,adaptive --depth 0 --synth 0.3,0.6,0.8,0.9 --rounds 8 --n-predict 128 \
         --json "$OUT/h200-step-synthetic.json"
+}
+
+phase_llamaserver() {
+    local t0=$SECONDS
+    if [ ! -x /tmp/ups-build/bin/llama-server ]; then
+        { cmake -S .ups -B /tmp/ups-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+              -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
+          && ninja -C /tmp/ups-build -j16 llama-server; } > "$OUT/ups-build.log" 2>&1 || { tail -40 "$OUT/ups-build.log"; return 1; }
+    fi
+    echo "llama-server build: $((SECONDS - t0)) s"
+}
+
+phase_serve() {
+    T=/tmp/m/t7b.gguf D=/tmp/m/d05.gguf LLAMA_SERVER=/tmp/ups-build/bin/llama-server LCP_PYTHON=/nonexistent \
+        PYTHON=python3 EXTRA="-ngl 99" NP=8 CTX=8192 THREADS=8 LEVELS=${LEVELS:-1,4,8} REQUESTS=${REQUESTS:-2} \
+        MAX_TOKENS=${MAX_TOKENS:-128} ROUNDS=${ROUNDS:-5} OUT="$OUT/h200-serve-load.json" LOG_DIR="$OUT" \
+        bash benchmarks/serve_load.sh
 }
 
 # one depth per call: a long prompt is processed once per generation
