@@ -7,7 +7,9 @@
 #              (NATURAL_ARMS= narrows the natural-acceptance cell)
 #   depth4k, depth16k   the same at 4k and 16k context, synthetic acceptance (ARMS=, LEVELS= narrow them)
 #   hybrid27   27B-shape hybrid target + DFlash2-shape drafter (ring rollback), synthetic acceptance, depths
-#   llamaserver  upstream's llama-server from the pinned tree carried pristine as .ups/ (no patches of ours)
+#   llamaserver  upstream's llama-server from the pinned commit's source carried unpatched as .ups/ (the archive
+#              tools/vendor.py verifies, without docs/, models/, tests/, examples/ and the ggml backends other than
+#              cpu and cuda - about 36 MB; tools/, vendor/ and scripts/ui-assets.cmake are needed)
 #   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients (needs both)
 # Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT. Each phase starts
 # with an empty cost cache (PYLLAMASPEC_COST_CACHE), so adaptive arms learn their costs within the run.
