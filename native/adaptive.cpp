@@ -1015,9 +1015,10 @@ void controller::observe(const step_obs & o) {
             const int32_t cap = probe_gap_cap(i, bucket, free);
             const int32_t next = probe_len(i, p_.n_max, bucket, free, n_active == 1);
             const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, bucket, 2));
-            // drafting's steady cost is measured by the very next step (a few in a row at most), and the probe's
-            // batch in a steady run by the same probe again (its first runs on a GPU capture or run eagerly)
-            const bool repeat = n_active == 1 && target_.steady_cost(n_tok, bucket) < 0.0;
+            // drafting's steady cost is measured by the very next step (a few in a row at most), and a short probe's
+            // batch in a steady run by the same probe again (its first runs on a GPU capture or run eagerly; a long
+            // probe's size, measured once, is held to the line of the short ones)
+            const bool repeat = n_active == 1 && o.n_drafted[i] <= PROBE_K + 1 && target_.steady_cost(n_tok, bucket) < 0.0;
             const bool follow = next > 0 && n_active == 1 && (drafting_owed(bucket) || repeat) &&
                                 ++s.owed_run < OWED_RUN_MAX;
             if (!follow) {
