@@ -72,8 +72,10 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
     } else if (b.steady[i] && !steady) {
         return;  // measured in steady runs: a one-off run's extra cost is not this size's
     } else if (!b.steady[i] && steady) {
-        // the first steady run replaces what one-off runs (or another session) said
-        b.ms[i] = ms;
+        // the first steady run replaces what one-off runs (or another session) said where it is cheaper - else a
+        // single stalled run would set the cost (a plain step priced dear keeps a run drafting until the next
+        // refresh); a capped value was a guess, replaced whatever it is
+        b.ms[i] = b.capped[i] ? ms : std::min(b.ms[i], ms);
         b.count[i]++;
         b.capped[i] = 0;
         b.steady[i] = 1;
@@ -401,10 +403,8 @@ void controller::reset_stream(int32_t stream) {
     s.owed_run = 0;
     s.repeat_k = 0;
     s.steps = 0;
-    s.led_real.assign(LEDGER_STEPS, 0.0);
-    s.led_plain.assign(LEDGER_STEPS, 0.0);
-    s.led_tok.assign(LEDGER_STEPS, 0.0);
-    s.led_pos = 0;
+    // the ledger stays: it judges this machine's costs as much as the text's acceptance, and a generation is often
+    // shorter than its window (a plain cost priced dear by one stalled run kept short generations drafting)
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
 }
 

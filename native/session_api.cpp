@@ -564,8 +564,10 @@ extern "C" int32_t pls_controller_reset_stream(pls_controller * c, int32_t strea
     if (c == nullptr || stream < 0 || stream >= c->c->params().n_streams) {
         return PLS_ERR_INVALID;
     }
-    c->c->reset_stream(stream);
-    return PLS_OK;
+    return guarded(nullptr, 0, PLS_ERR_INTERNAL, [&]() -> int32_t {
+        c->c->reset_stream(stream);
+        return PLS_OK;
+    });
 }
 
 extern "C" int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out) {
