@@ -282,6 +282,12 @@ bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
     return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= 2;
 }
 
+int32_t cost_table::count_at(int32_t n_tokens, int32_t bucket) const {
+    const bucket_data & b = b_[std::clamp(bucket, 0, N_BUCKETS - 1)];
+    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
+    return it != b.keys.end() && *it == n_tokens ? b.count[it - b.keys.begin()] : 0;
+}
+
 double cost_table::steady_cost(int32_t n_tokens, int32_t bucket) const {
     const bucket_data & b = b_[std::clamp(bucket, 0, N_BUCKETS - 1)];
     const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
@@ -580,7 +586,10 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     if (any_on && since_plain_ >= PLAIN_REFRESH && guard_cooldown_ == 0) {
         guard_cooldown_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
     }
-    if (target_.steady_cost(n_active, bucket) < 0.0 || guard_cooldown_ > 0) {
+    // (a size seen a few times counts as calibrated too: batches that change size every step - streams joining and
+    // leaving - must not hold speculation off)
+    const bool calibrated = target_.steady_cost(n_active, bucket) >= 0.0 || target_.count_at(n_active, bucket) >= 2 * STEADY_RUN;
+    if (!calibrated || guard_cooldown_ > 0) {
         if (guard_cooldown_ > 0) {
             guard_cooldown_--;
         }

@@ -79,6 +79,7 @@ public:
     void clear();
     // the size's own cost learnt from steady runs at this depth (no envelope, nothing borrowed), -1 where none
     double steady_cost(int32_t n_tokens, int32_t bucket) const;
+    int32_t count_at(int32_t n_tokens, int32_t bucket) const;  // observations of this size at this depth
 
     // what was learnt, to seed a later session on the same machine
     void export_points(int32_t table, std::vector<cost_point> & out) const;
