@@ -265,34 +265,32 @@ bool cost_table::known(int32_t bucket) const {
     return bucket >= 0 && bucket < N_BUCKETS && b_[bucket].n_seen > 0;
 }
 
-bool cost_table::known_at(int32_t n_tokens, int32_t bucket) const {
-    if (!known(bucket)) {
-        return false;
+int32_t cost_table::index_of(int32_t n_tokens, int32_t bucket) const {
+    if (bucket < 0 || bucket >= N_BUCKETS) {
+        return -1;
     }
     const auto & k = b_[bucket].keys;
-    return std::binary_search(k.begin(), k.end(), std::min(n_tokens, MAX_T));
+    n_tokens = std::min(n_tokens, MAX_T);
+    const auto it = std::lower_bound(k.begin(), k.end(), n_tokens);
+    return it != k.end() && *it == n_tokens ? (int32_t) (it - k.begin()) : -1;
+}
+
+bool cost_table::known_at(int32_t n_tokens, int32_t bucket) const {
+    return count_at(n_tokens, bucket) >= 1;
 }
 
 bool cost_table::confirmed_at(int32_t n_tokens, int32_t bucket) const {
-    if (!known(bucket)) {
-        return false;
-    }
-    const auto & b = b_[bucket];
-    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), std::min(n_tokens, MAX_T));
-    return it != b.keys.end() && *it == n_tokens && b.count[it - b.keys.begin()] >= 2;
+    return count_at(n_tokens, bucket) >= 2;
 }
 
 int32_t cost_table::count_at(int32_t n_tokens, int32_t bucket) const {
-    const bucket_data & b = b_[std::clamp(bucket, 0, N_BUCKETS - 1)];
-    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
-    return it != b.keys.end() && *it == n_tokens ? b.count[it - b.keys.begin()] : 0;
+    const int32_t i = index_of(n_tokens, bucket);
+    return i < 0 ? 0 : b_[bucket].count[i];
 }
 
 double cost_table::steady_cost(int32_t n_tokens, int32_t bucket) const {
-    const bucket_data & b = b_[std::clamp(bucket, 0, N_BUCKETS - 1)];
-    const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), n_tokens);
-    const size_t i = it - b.keys.begin();
-    return it != b.keys.end() && *it == n_tokens && b.steady[i] ? b.ms[i] : -1.0;
+    const int32_t i = index_of(n_tokens, bucket);
+    return i >= 0 && b_[bucket].steady[i] ? b_[bucket].ms[i] : -1.0;
 }
 
 bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
@@ -583,15 +581,15 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     for (int32_t i = 0; i < n; ++i) {
         any_on = any_on || (active[i] && !s_[i].off && cap_of(i) > 0);
     }
-    if (any_on && since_plain_ >= PLAIN_REFRESH && guard_cooldown_ == 0) {
-        guard_cooldown_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
+    if (any_on && since_plain_ >= PLAIN_REFRESH && plain_owed_ == 0) {
+        plain_owed_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
     }
     // (a size seen a few times counts as calibrated too: batches that change size every step - streams joining and
     // leaving - must not hold speculation off)
     const bool calibrated = target_.steady_cost(n_active, bucket) >= 0.0 || target_.count_at(n_active, bucket) >= 2 * STEADY_RUN;
-    if (!calibrated || guard_cooldown_ > 0) {
-        if (guard_cooldown_ > 0) {
-            guard_cooldown_--;
+    if (!calibrated || plain_owed_ > 0) {
+        if (plain_owed_ > 0) {
+            plain_owed_--;
         }
         last_k_ = k_out;
         return;
@@ -727,7 +725,7 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
         std::fill(s.led_plain.begin(), s.led_plain.end(), 0.0);
         std::fill(s.led_tok.begin(), s.led_tok.end(), 0.0);
         s.led_pos = 0;
-        guard_cooldown_ = STEADY_RUN;  // plain steps first: they re-measure the plain cost at this depth
+        plain_owed_ = STEADY_RUN;  // plain steps first: they re-measure the plain cost at this depth
     }
 }
 

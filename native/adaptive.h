@@ -100,6 +100,7 @@ private:
         int32_t n_seen = 0;
     };
     bucket_data b_[N_BUCKETS];
+    int32_t index_of(int32_t n_tokens, int32_t bucket) const;  // the size's place among this depth's sizes, -1: none
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
     bool measured_in(int32_t lo, int32_t hi, int32_t bucket, int32_t min_count) const;
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
@@ -247,7 +248,7 @@ private:
     int32_t steps_ = 0;
     uint64_t chosen_ = 0;            // choose() calls (a schedule's position)
     int32_t since_plain_ = 0;        // steps since the last plain step (to refresh the plain cost)
-    int32_t guard_cooldown_ = 0;
+    int32_t plain_owed_ = 0;         // plain steps to run first (after the ledger stopped drafting, or to refresh)
     std::mt19937 rng_;
     controller_counters counters_;
 };
