@@ -2,8 +2,9 @@
 
 The servers are started beforehand (benchmarks/serve_load.sh does it for pyllamaspec serve, upstream's
 llama-server and llama-cpp-python's server); each is given as NAME=URL. Rounds interleave the servers and the
-concurrency levels (round r: for each concurrency, every server in a rotated order), after one discarded warm-up
-phase per server. Every request is a streamed chat completion at temperature 0 with a fixed max_tokens; a phase
+concurrency levels (round r: for each concurrency, every server, in orders that let each server follow every
+other equally often: a server's phase is not always run just after the same one), after one discarded warm-up
+phase per server, with --settle seconds of quiet before each phase. Every request is a streamed chat completion at temperature 0 with a fixed max_tokens; a phase
 of concurrency c runs c clients that each send --requests prompts one after another, each prompt numbered so that
 no server has seen it before (the numbers, not the prompts, differ between phases). A phase's throughput is
 its generated tokens over its wall time; TTFT is from sending a request to its first content.
@@ -89,6 +90,17 @@ async def phase(url: str, model: str, prompts: list[str], concurrency: int, requ
             "tokens_from": sorted({r["tokens_from"] for r in results})}
 
 
+def server_order(n: int, r: int) -> list[int]:
+    """Round r's order of n servers: a Williams design (rows of a balanced Latin square), so that over n rounds
+    (2n for odd n) every server comes first as often as any other and follows each other one equally often."""
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo if len(base) % 2 else hi)
+        lo, hi = (lo + 1, hi) if len(base) % 2 == 0 else (lo, hi - 1)
+    row = [(b + r) % n for b in base]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
+
+
 def summarize(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
@@ -101,6 +113,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--classes", default="code,prose")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds of quiet before each phase")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     servers = dict(item.split("=", 1) for item in args.server)
@@ -112,14 +125,16 @@ def main() -> int:
         print(f"warm: {name}", flush=True)
     phases: list[dict] = []
     names = list(servers)
+    previous = None
     for r in range(args.rounds):
         for c in levels:
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
+            for name in (names[i] for i in server_order(len(names), r)):
+                time.sleep(args.settle)
                 # the same prompts for every server in a round and level
                 result = asyncio.run(phase(servers[name], models[name], prompts, c, args.requests, args.max_tokens,
                                            offset=r * 97 + c))
-                result.update(server=name, round=r)
+                result.update(server=name, round=r, after=previous)
+                previous = name
                 phases.append(result)
                 print(f"round {r} c={c} {name}: {result['tok_s']:.1f} tok/s, TTFT median "
                       f"{result['ttft_median_s']:.2f} s", flush=True)

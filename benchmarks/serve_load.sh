@@ -11,6 +11,9 @@
 #   PYTHON          the Python that runs our server and the load (default: python)
 #   UPSTREAM_SPEC   0: no llama-server with the draft model
 #   LOG_DIR         where the servers' logs are copied at the end (default: not kept)
+#   ONLY            a comma list of the servers to start (default: all of ours-plain, ours-adaptive, ours-n4,
+#                   upstream-plain, upstream-n4, llama-cpp-python that can run)
+#   SETTLE          seconds of quiet before each phase (default 1)
 set -euo pipefail
 : "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
 NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
@@ -27,6 +30,7 @@ trap cleanup EXIT
 
 start() {  # name port command...
     local name=$1 port=$2; shift 2
+    [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",$name,"* ]] || return 0
     # from the log directory: `python -m` in a source checkout's root would import the source tree
     (cd "$LOGS" && exec "$@") > "$LOGS/$name.log" 2>&1 &
     PIDS+=($!)
@@ -64,4 +68,4 @@ for s in "${SERVERS[@]}"; do
     done
 done
 "$PYTHON" "$HERE/serve_load.py" "${SERVERS[@]}" --concurrency "${LEVELS:-1,4,8}" --requests "${REQUESTS:-2}" \
-    --max-tokens "${MAX_TOKENS:-64}" --rounds "${ROUNDS:-3}" --json "$OUT"
+    --max-tokens "${MAX_TOKENS:-64}" --rounds "${ROUNDS:-3}" --settle "${SETTLE:-1}" --json "$OUT"

@@ -349,6 +349,61 @@ extern "C" int32_t pls_get_adaptive_info(const pls_session * s, pls_adaptive_inf
     return PLS_OK;
 }
 
+namespace {
+
+// A prefix at least this much longer than the packed slot's is worth a split batch: processing a shorter one
+// again costs less than a second pass over the weights at every step of the generation.
+constexpr size_t PREFIX_OVER_PACKING = 256;
+
+// The slot for a new sequence. Each KV stream of a context is one slot, and a batch reaches the model in one pass
+// only over a run of consecutive slots (llama.cpp splits a batch at every gap between the streams it touches), so
+// the slot that keeps the taken ones in the fewest runs comes first; among those, the one whose last sequence left
+// the longest prefix of this prompt, then the one holding least (what the others hold may serve a later prompt),
+// then the lowest. A slot holding a prefix longer by PREFIX_OVER_PACKING tokens or more is taken instead.
+int32_t choose_slot(const pls_session & s, const int32_t * prompt, int32_t n_prompt) {
+    const size_t n = s.reserved.size();
+    auto runs_with = [&](size_t slot) {
+        size_t runs = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const bool taken = s.reserved[i] || i == slot;
+            const bool before = i > 0 && (s.reserved[i - 1] || i - 1 == slot);
+            runs += taken && !before;
+        }
+        return runs;
+    };
+    auto common_with = [&](size_t slot) {
+        const llama_tokens * kv = slot < s.slot_kv.size() ? &s.slot_kv[slot] : nullptr;
+        size_t common = 0;
+        while (kv && common < kv->size() && common + 1 < (size_t) n_prompt && (*kv)[common] == prompt[common]) {
+            common++;
+        }
+        return common;
+    };
+    int32_t packed = -1, longest = -1;
+    size_t packed_runs = 0, packed_common = 0, packed_held = 0, longest_common = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (s.reserved[i]) {
+            continue;
+        }
+        const size_t runs = runs_with(i), common = common_with(i);
+        const size_t held = i < s.slot_kv.size() ? s.slot_kv[i].size() : 0;
+        if (packed < 0 || runs < packed_runs || (runs == packed_runs && (common > packed_common ||
+                                                                         (common == packed_common && held < packed_held)))) {
+            packed = (int32_t) i;
+            packed_runs = runs;
+            packed_common = common;
+            packed_held = held;
+        }
+        if (longest < 0 || common > longest_common) {
+            longest = (int32_t) i;
+            longest_common = common;
+        }
+    }
+    return longest >= 0 && longest_common >= packed_common + PREFIX_OVER_PACKING ? longest : packed;
+}
+
+}  // namespace
+
 extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * params,
                                int32_t * slot, char * err, size_t err_size) {
     if (s == nullptr) {
@@ -378,26 +433,7 @@ extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t 
                 s->reserved[a.slot] = 1;
             }
         }
-        // the free slot whose last sequence left the longest prefix of this prompt in memory; else one that holds
-        // nothing (what the others hold may serve a later prompt)
-        int32_t free_slot = -1;
-        size_t best_common = 0, best_held = 0;
-        for (size_t i = 0; i < s->reserved.size(); ++i) {
-            if (s->reserved[i]) {
-                continue;
-            }
-            const llama_tokens * kv = i < s->slot_kv.size() ? &s->slot_kv[i] : nullptr;
-            size_t common = 0;
-            while (kv && common < kv->size() && common + 1 < (size_t) n_prompt && (*kv)[common] == prompt[common]) {
-                common++;
-            }
-            const size_t held = kv ? kv->size() : 0;
-            if (free_slot < 0 || common > best_common || (common == best_common && held < best_held)) {
-                free_slot = (int32_t) i;
-                best_common = common;
-                best_held = held;
-            }
-        }
+        const int32_t free_slot = choose_slot(*s, prompt, n_prompt);
         if (free_slot < 0) {
             fail(PLS_ERR_BUSY, "all " + std::to_string(s->sp.n_parallel) + " slots are taken; wait for a sequence to "
                                "finish or open the session with a larger n_parallel");

@@ -342,6 +342,22 @@ def test_qwen25_presets_plan():
     assert p05.tensor("token_embd.weight").type == "Q8_0"  # rows of 896: not a Q6_K block multiple
 
 
+def test_a_drafter_shape_can_take_its_targets_vocabulary(tmp_path):
+    # the qwen2.5-0.5b shape drafting for the qwen2.5-7b shape: one vocabulary, as upstream's server requires
+    p05, _ = synth.plan_preset("qwen2.5-0.5b", "q4_0", n_vocab=152064)
+    assert p05.tensor("token_embd.weight").shape == (896, 152064)
+    assert synth.plan_preset("qwen2.5-0.5b", "q4_0")[0].tensor("token_embd.weight").shape == (896, 151936)
+    t, _ = synth.write_preset(tmp_path / "t.gguf", "tiny-qwen3", n_vocab=600)
+    with Model(t) as m:
+        assert m.info.n_vocab == 600
+    for bad in (7, 0, -1, True, 2.5):
+        with pytest.raises(ConfigError, match="n_vocab"):
+            synth.write_preset(tmp_path / "bad.gguf", "tiny-qwen3", n_vocab=bad)
+    cli = run_cli(tmp_path / "bad.gguf", "--n-vocab", 4)
+    assert cli.returncode == 2 and "n_vocab" in cli.stderr and "Traceback" not in cli.stderr
+    assert not (tmp_path / "bad.gguf").exists()
+
+
 @pytest.mark.parametrize("big, tiny", [("qwen3.8-27b", "tiny-qwen3.8-27b"), ("qwen3.6-35b-a3b", "tiny-qwen3.6-35b-a3b")])
 def test_scale_downs_have_the_real_presets_layout(big, tiny):
     (bt, bd), (tt, td) = synth.plan_preset(big, "q8_0"), synth.plan_preset(tiny, "q8_0")

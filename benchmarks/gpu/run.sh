@@ -39,7 +39,9 @@ phase_build() {
 
 phase_synth05() {
     local t0=$SECONDS
-    [ -f /tmp/m/d05.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/d05.gguf --preset qwen2.5-0.5b --type q4_0 --stddev 0.02 --seed 2
+    # the 7B shape's vocabulary (152064): upstream's server needs one vocabulary for the pair
+    [ -f /tmp/m/d05.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/d05.gguf --preset qwen2.5-0.5b --type q4_0 --stddev 0.02 --seed 2 \
+        --n-vocab 152064
     echo "synth 0.5B: $((SECONDS - t0)) s"
 }
 

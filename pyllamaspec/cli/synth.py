@@ -29,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--drafter", metavar="OUT", default=None,
                    help="also write the preset's drafter here: its DFlash/DFlash2 drafter, or for presets without "
                         "one the target plus a second noise (a draft model that agrees often)")
+    p.add_argument("--n-vocab", type=int, default=None, metavar="N",
+                   help="vocabulary size instead of the preset's: a draft model must share its target's (e.g. 152064 "
+                        "for a qwen2.5-0.5b drafter of the qwen2.5-7b shape)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the weights (default: %(default)s)")
     p.add_argument("--stddev", type=float, default=None,
                    help="standard deviation of the weights (default: the preset's, 0.1 tiny, 0.02 real-scale)")
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stddev is not None and not (math.isfinite(args.stddev) and args.stddev > 0):
         raise ConfigError(f"--stddev must be a finite number > 0, got {args.stddev}")
     if args.dry_run:
-        target, drafter = plan_preset(args.preset, type)
+        target, drafter = plan_preset(args.preset, type, n_vocab=args.n_vocab)
         print(target.describe(f"target {args.out} ({args.preset})"))
         if PRESET_TABLE[args.preset].source:
             print(f"  sizes from: {PRESET_TABLE[args.preset].source}")
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out, drafter_out = write_preset(args.out, args.preset, drafter_out=args.drafter, type=type, seed=args.seed,
                                     stddev=args.stddev, perturb_seed=args.perturb_seed,
-                                    perturb_stddev=args.perturb_stddev, n_threads=args.threads, force=args.force)
+                                    perturb_stddev=args.perturb_stddev, n_threads=args.threads, force=args.force,
+                                    n_vocab=args.n_vocab)
     print(out)
     if drafter_out is not None:
         print(drafter_out)

@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -564,11 +564,11 @@ def _plan_drafter(meta_dir: Path, drafter: DFlashShape, target: Path, type: str,
     return meta, SynthPlan(ARCH, type, tuple(tensors), read_summary(meta).metadata)
 
 
-def plan_preset(preset: str, type: str = "f32") -> tuple[SynthPlan, SynthPlan | None]:
+def plan_preset(preset: str, type: str = "f32", n_vocab: int | None = None) -> tuple[SynthPlan, SynthPlan | None]:
     """The target's plan and, for presets with a paired DFlash drafter, the drafter's."""
     p = _preset(preset)
     with tempfile.TemporaryDirectory(prefix="pyllamaspec-synth-") as d:
-        meta, target = _plan_target(Path(d), p.target, type, f"pyllamaspec synthetic {preset}")
+        meta, target = _plan_target(Path(d), _preset_shape(p, n_vocab), type, f"pyllamaspec synthetic {preset}")
         drafter = None
         if p.drafter is not None:
             drafter = _plan_drafter(Path(d), p.drafter, meta, type, f"pyllamaspec synthetic {preset} drafter")[1]
@@ -579,6 +579,16 @@ def _preset(name: str) -> Preset:
     if name not in PRESET_TABLE:
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESET_TABLE))}")
     return PRESET_TABLE[name]
+
+
+def _preset_shape(p: Preset, n_vocab: int | None) -> TargetShape:
+    """The preset's target shape, with another vocabulary size where one is given (a draft model must share its
+    target's vocabulary: the qwen2.5-0.5b shape drafting for the qwen2.5-7b shape needs 152064 tokens)."""
+    if n_vocab is None:
+        return p.target
+    if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or not 8 <= n_vocab <= 2**31 - 1:
+        raise ConfigError(f"n_vocab={n_vocab!r} must be an integer within 8..{2**31 - 1}")
+    return replace(p.target, n_vocab=n_vocab)
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,16 +728,18 @@ def write_pair(directory: str | os.PathLike, shape: TargetShape = TargetShape(),
 def write_preset(out: str | os.PathLike, preset: str, *, drafter_out: str | os.PathLike | None = None,
                  type: str = "f32", seed: int = 1, stddev: float | None = None, perturb_seed: int = 0,
                  perturb_stddev: float = 0.01, n_threads: int | None = None, force: bool = False,
-                 progress: ProgressFn | None = None) -> tuple[Path, Path | None]:
+                 progress: ProgressFn | None = None, n_vocab: int | None = None) -> tuple[Path, Path | None]:
     """A preset's target and, with drafter_out, its drafter: the paired DFlash drafter where the preset has one,
-    else the target plus a second noise (seed + 1000). stddev None: the preset's default."""
+    else the target plus a second noise (seed + 1000). stddev None: the preset's default; n_vocab None: the
+    preset's vocabulary size."""
     p = _preset(preset)
+    shape = _preset_shape(p, n_vocab)
     sd = p.stddev if stddev is None else stddev
     _check_type(type)
     _check_noise(seed, sd, perturb_seed, perturb_stddev, n_threads)
     out = Path(out)
     _check_outputs([out] + ([Path(drafter_out)] if drafter_out is not None else []), force)
-    write_target(out, p.target, seed=seed, stddev=sd, perturb_seed=perturb_seed, perturb_stddev=perturb_stddev,
+    write_target(out, shape, seed=seed, stddev=sd, perturb_seed=perturb_seed, perturb_stddev=perturb_stddev,
                  type=type, n_threads=n_threads, force=force, progress=progress, name=f"pyllamaspec synthetic {preset}")
     if drafter_out is None:
         return out, None
@@ -736,7 +748,7 @@ def write_preset(out: str | os.PathLike, preset: str, *, drafter_out: str | os.P
         write_dflash_drafter(drafter_out, out, p.drafter, seed=seed + 7, stddev=sd, type=type, n_threads=n_threads,
                              force=force, progress=progress, name=f"pyllamaspec synthetic {preset} drafter")
     else:
-        write_target(drafter_out, p.target, seed=seed, stddev=sd, perturb_seed=seed + 1000,
+        write_target(drafter_out, shape, seed=seed, stddev=sd, perturb_seed=seed + 1000,
                      perturb_stddev=perturb_stddev, type=type, n_threads=n_threads, force=force, progress=progress,
                      name=f"pyllamaspec synthetic {preset} drafter")
     return out, drafter_out
