@@ -4,10 +4,11 @@ The servers are started beforehand (benchmarks/serve_load.sh does it for pyllama
 llama-server and llama-cpp-python's server); each is given as NAME=URL. Rounds interleave the servers and the
 concurrency levels (round r: for each concurrency, every server, in orders that let each server follow every
 other equally often: a server's phase is not always run just after the same one), after one discarded warm-up
-phase per server, with --settle seconds of quiet before each phase. Every request is a streamed chat completion at temperature 0 with a fixed max_tokens; a phase
-of concurrency c runs c clients that each send --requests prompts one after another, each prompt numbered so that
-no server has seen it before (the numbers, not the prompts, differ between phases). A phase's throughput is
-its generated tokens over its wall time; TTFT is from sending a request to its first content.
+phase per server, with --settle seconds of quiet before each phase. Every request is a streamed chat completion
+at temperature 0 with a fixed max_tokens; a phase of concurrency c runs c clients that each send --requests
+prompts one after another, each prompt numbered so that no server has seen it before (the numbers, not the
+prompts, differ between phases). A phase's throughput is its generated tokens over its wall time; TTFT is from
+sending a request to its first content.
 
     python benchmarks/serve_load.py --server ours=http://127.0.0.1:8081 --server upstream=http://127.0.0.1:8082 \\
         --concurrency 1,4,8 --requests 2 --max-tokens 64 --rounds 3 --json out.json
