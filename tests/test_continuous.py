@@ -234,8 +234,10 @@ def test_a_prompt_that_starts_like_a_finished_sequence_is_not_processed_again(mo
 
 
 def step_until_done(s, slots, keep_running):
-    """Step until every slot in `slots` has ended; the sequence in keep_running must still be going then."""
+    """Step until every slot in `slots` has ended; the sequence in keep_running must still be going then.
+    Returns each slot's tokens and the prompt tokens it processed."""
     tokens = {k: [] for k in slots}
+    processed = dict.fromkeys(slots, 0)
     ended = set()
     while ended != set(slots):
         events, _ = s.step_sequences()
@@ -243,16 +245,17 @@ def step_until_done(s, slots, keep_running):
             assert e.slot != keep_running or e.finish_reason is None
             if e.slot in tokens:
                 tokens[e.slot].extend(e.tokens)
+                processed[e.slot] += e.n_prompt
                 if e.finish_reason is not None:
                     ended.add(e.slot)
-    return tokens
+    return tokens, processed
 
 
 def test_new_sequences_take_slots_beside_the_running_ones(models):
     # a batch reaches the model in one pass only over consecutive slots (each slot is a KV stream; llama.cpp splits
     # a batch at every gap), so a new sequence goes beside the running ones - unless a slot remembers a much
     # longer prefix of its prompt (a long chat's next turn)
-    target, _, refs = models
+    target, _, _ = models
     long_prompt = [(i * 7) % 500 + 1 for i in range(300)]
     cfg = SessionConfig(spec_types=[], n_ctx=4096, n_parallel=4, cost_cache=False)
     with SpecSession(target, None, cfg) as s:
@@ -267,17 +270,7 @@ def test_new_sequences_take_slots_beside_the_running_ones(models):
         # slot 0 remembers 300 tokens of this one: worth the gap
         long_turn = long_prompt + [5, 6, 7]
         assert s.submit(long_turn, n_predict=N_PREDICT) == 0
-        processed = {0: 0, 2: 0}
-        out = {0: [], 2: []}
-        ended = set()
-        while ended != {0, 2}:
-            events, _ = s.step_sequences()
-            for e in events:
-                if e.slot in out:
-                    out[e.slot].extend(e.tokens)
-                    processed[e.slot] += e.n_prompt
-                    if e.finish_reason is not None:
-                        ended.add(e.slot)
+        out, processed = step_until_done(s, [0, 2], keep_running=3)
         s.cancel(3)
         assert processed == {2: len(short_turn) - 1, 0: len(long_turn) - 1 - len(long_prompt)}
         assert_near(out[2], solo(target, short_turn))
@@ -296,6 +289,6 @@ def test_sequences_joining_together_share_one_run_of_slots(models):
         a = s.submit(PROMPTS[4], n_predict=N_PREDICT)
         b = s.submit(PROMPTS[5], n_predict=N_PREDICT)
         assert a == 2 and abs(a - b) == 1
-        out = step_until_done(s, [a, b], keep_running=None)
+        out, _ = step_until_done(s, [a, b], keep_running=None)
         assert_near(out[a], refs[4])
         assert_near(out[b], refs[5])
