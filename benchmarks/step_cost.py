@@ -2,12 +2,20 @@
 llama-speculative-simple, at natural or synthetic acceptance and several context depths.
 
 Arms run interleaved, round after round, after one discarded warm-up round per arm; each figure is the median
-of the rounds with min and max. Per-step profile from the session's native counters (draft, verify, device
-wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binary loads per run, so its
-figure is its own "decoded N tokens" speed, which excludes loading).
+of the rounds with min and max. Every round has its own prompt (random filler at the cell's depth), the same for
+every arm of the round; synthetic acceptance is drawn by position in the text, so the arms of a round face the same
+acceptance (they differ by their choices, not their luck). Per-step profile from the session's native counters
+(draft, verify, device wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binaries
+load per run, so their figures are their own decode speeds, which exclude loading).
+
+Arms: plain; nK (fixed draft length K); adaptiveK (the controller, ceiling K; adaptive = 8); zeroK (ceiling K, never
+drafting: a speculative session's plain step, with its snapshot ring and drafter); sweep (every length
+0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay);
+upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
+--trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
     python benchmarks/step_cost.py -m target.gguf -md drafter.gguf --arms plain,n4,n8,adaptive,upstream-n4 \\
-        --depth 0,4096 --synth 0,0.6,0.9 --rounds 8 --n-predict 128 --json out.json
+        --depth 0,4096 --synth 0,0.6,0.9 --rounds 8 --n-predict 128 --json out.json --trace out-trace.json.gz
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec import Model, ModelConfig, SessionConfig, SpecSession
+from pyllamaspec.bench import trace as tracefile
 from pyllamaspec.bench.external import packaged_speculative_simple, parse_speculative_simple_output
 
 
@@ -43,19 +52,44 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
     return body
 
 
-def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None) -> SessionConfig | None:
+def sweep_schedule(n_max: int) -> list[int]:
+    """Every draft length 0..n_max three steps in a row: each batch size once cold, then steady."""
+    return [k for k in range(n_max + 1) for _ in range(3)]
+
+
+def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
+               trace_steps: int) -> SessionConfig | None:
     types = [spec_type] if spec_type else None  # None: detected from the drafter GGUF
+    common = dict(n_ctx=n_ctx, n_batch=max(2048, ubatch), n_ubatch=ubatch, trace_steps=trace_steps)
     if arm == "plain":
-        return SessionConfig(spec_types=[], n_ctx=n_ctx, n_batch=2048, n_ubatch=512)
+        return SessionConfig(spec_types=[], **common)
     if arm.startswith("n"):
         n = int(arm[1:])
-        return SessionConfig(adaptive=False, spec_types=types, n_max=n, n_ctx=n_ctx, n_batch=2048,
-                             n_ubatch=512, synth_rates=synth_rates(level, n))
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, synth_rates=synth_rates(level, n), **common)
+    if arm.startswith("zero"):
+        # a speculative session that never drafts (ceiling N): what a plain step costs with its ring and drafter
+        n = int(arm[4:] or 8)
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, draft_schedule=[0], **common)
+    if arm == "sweep":
+        n = n_max_sweep
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, draft_schedule=sweep_schedule(n),
+                             synth_rates=synth_rates(level, n), **common)
     if arm.startswith("adaptive"):
         n = int(arm[len("adaptive"):] or 8)
-        return SessionConfig(spec_types=types, n_max=n, n_ctx=n_ctx, n_batch=2048, n_ubatch=512,
-                             synth_rates=synth_rates(level, n))
+        return SessionConfig(spec_types=types, n_max=n, synth_rates=synth_rates(level, n), **common)
     return None
+
+
+def run_llama_bench(binary: Path, target: Path, n_predict: int, n_cpu_moe: int) -> dict:
+    """upstream's llama-bench, token generation only (tg), every layer on the GPU: its mean tok/s."""
+    cmd = [str(binary), "-m", str(target), "-p", "0", "-n", str(n_predict), "-r", "3", "-ngl", "99", "-o", "json"]
+    if n_cpu_moe:
+        cmd += ["--n-cpu-moe", str(n_cpu_moe)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError("llama-bench failed: " + (out.stdout + out.stderr)[-2000:])
+    rows = json.loads(out.stdout)
+    return {"tok_s": rows[0]["avg_ts"], "acceptance": None}
 
 
 def run_upstream(binary: Path, target: Path, drafter: Path, n: int, tokens_text: str, n_predict: int,
@@ -86,6 +120,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--spec-type", default=None, help="default: detected from the drafter")
+    ap.add_argument("--n-cpu-moe", type=int, default=0, help="keep the experts of the first N layers on the CPU")
+    ap.add_argument("--ubatch", type=int, default=512, help="n_ubatch (a larger one processes deep prompts faster)")
+    ap.add_argument("--sweep-n-max", type=int, default=0, help="the sweep arm's ceiling (default: the largest nK arm)")
+    ap.add_argument("--trace", type=Path, help="keep every measured step of every arm here (.json or .json.gz)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -93,8 +131,14 @@ def main(argv=None) -> int:
     depths = [int(x) for x in args.depth.split(",")]
     levels = [float(x) for x in args.synth.split(",")]
     upstream = packaged_speculative_simple()
+    bench_bin = upstream.parent / "llama-bench" if upstream else None
     target_path, drafter_path = Path(args.model), Path(args.model_draft)
-    target, drafter = Model(target_path), Model(drafter_path)
+    target = Model(target_path, ModelConfig(n_cpu_moe=args.n_cpu_moe)) if args.n_cpu_moe else Model(target_path)
+    drafter = Model(drafter_path)
+    fixed = [int(a[1:]) for a in arms if a.startswith("n") and a[1:].isdigit()]
+    n_max_sweep = args.sweep_n_max or max(fixed or [8])
+    trace_steps = 65536 if args.trace else 0
+    traces: list[dict] = []
     from pyllamaspec.ggufinfo import detect_spec_types, read_summary
     spec_name = args.spec_type or detect_spec_types(read_summary(drafter_path))[0]
     record = {"spec_type": spec_name, "target": str(target_path), "drafter": str(drafter_path), "n_predict": args.n_predict,
@@ -102,19 +146,25 @@ def main(argv=None) -> int:
     for depth in depths:
         n_ctx = depth + 32 + args.n_predict + 128
         n_ctx = ((n_ctx + 255) // 256) * 256
-        prompt = prompt_tokens(target, depth, seed=depth + 1)
-        prompt_text = " ".join(f"tok_{t}" for t in prompt)
         for level in levels:
             t_cell = time.monotonic()
             sessions = {}
             for arm in arms:
-                cfg = arm_config(arm, n_ctx, level, args.spec_type)
+                cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps)
                 if cfg is not None:
                     sessions[arm] = SpecSession(target, None if arm == "plain" else drafter, cfg)
             runs = {arm: [] for arm in arms}
+            arm_steps = {arm: [] for arm in sessions}
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
+                # the round's prompt, the same for every arm of the round
+                prompt = prompt_tokens(target, depth, seed=1000 * depth + rnd + 1)
+                prompt_text = " ".join(f"tok_{t}" for t in prompt)
                 for arm in arms:
-                    if arm.startswith("upstream"):
+                    if arm == "upstream-plain":
+                        if level > 0 or bench_bin is None or not bench_bin.exists() or depth > 0:
+                            continue
+                        row = run_llama_bench(bench_bin, target_path, args.n_predict, args.n_cpu_moe)
+                    elif arm.startswith("upstream"):
                         if level > 0 or upstream is None or depth > 0:
                             continue  # upstream's example has no synthetic acceptance; its prompt is text
                         fig = run_upstream(upstream, target_path, drafter_path, int(arm.split("-n")[1]), prompt_text,
@@ -133,6 +183,10 @@ def main(argv=None) -> int:
                                    "t_rollback_ms")},
                                "graph_captures": st.n_graph_captures, "graph_resets": st.n_graph_resets,
                                "k_histogram": st.k_histogram, "est_plain_tok_s": st.estimated_plain_tokens_per_second}
+                    if trace_steps and arm in sessions:
+                        taken = tracefile.compact(sessions[arm].take_trace())
+                        if rnd > 0:
+                            arm_steps[arm].append(taken)
                     if rnd > 0:
                         runs[arm].append(row)
                     else:
@@ -141,6 +195,12 @@ def main(argv=None) -> int:
             learnt = {arm: {"costs": sessions[arm].learnt_costs(),
                             "info": dataclasses.asdict(sessions[arm].adaptive_info())}
                       for arm in sessions if arm.startswith("adaptive")}
+            for arm, rounds in arm_steps.items():
+                traces.append({"arm": arm, "setup": {"target": str(target_path), "drafter": str(drafter_path),
+                                                      "spec_type": spec_name, "depth": depth, "synthetic_acceptance": level or None,
+                                                      "n_max": sessions[arm].config.n_max, "adaptive": sessions[arm].config.adaptive,
+                                                      "n_cpu_moe": args.n_cpu_moe, "dflash_block": "draft"},
+                               "rounds": rounds})
             for s in sessions.values():
                 s.close()
             cell = {"depth": depth, "synthetic_acceptance": level or None, "arms": {}}
@@ -163,6 +223,8 @@ def main(argv=None) -> int:
             print(f"depth {depth} acceptance {level or 'natural'} ({cell['seconds']} s): {line}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(record, indent=1))
+            if args.trace:
+                tracefile.save(args.trace, traces)
     return 0
 
 

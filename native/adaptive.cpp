@@ -29,6 +29,9 @@ constexpr int32_t STEADY_FIRST = 4;        // a draft model's first decode right
 constexpr int32_t OWED_RUN_MAX = 4;        // probes in a row to price drafting, at most
 constexpr double PROBE_PAYS_MARGIN = 1.02; // a probe turns drafting on where it would gain more than this
 constexpr int32_t NEW_PROMPT_GAP_MAX = 32; // first probe interval of a new prompt, at most
+constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
+constexpr int32_t SWITCH_STEPS = 8;        // a stream turned on by a probe is expected to draft this long, at least
+constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its cold runs: on a GPU an eager one, then a capture
 
 }  // namespace
 
@@ -398,18 +401,31 @@ void controller::reset_stream(int32_t stream) {
     s.h_src[0].resize(std::max(1, p_.n_max));
     s.h_src[1].resize(std::max(1, p_.n_max));
     s.src = 0;
+    tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
+    s.probing = false;
+    // (a second reset before any step - a session resets its streams, then starts the prompt's - changes nothing)
+    if ((s.off || s.resume_gap > 0) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
+        // probes are dear here (a GPU's cold batches): the new prompt is judged by what the streams' drafts showed so
+        // far (turned on at once where that says it pays), and if it stays off its probes keep their schedule -
+        // at the rate the probe budget allows however short the prompts are
+        s.resume_gap = s.off ? std::max(1, s.gap) : s.resume_gap;
+        s.off = false;
+        s.owed_run = 0;
+        s.repeat_k = 0;
+        s.steps = 0;
+        return;
+    }
     // a stream whose drafts did not pay in its last prompt probes a new one less eagerly (the same session's prompts
     // tend to be alike), yet soon enough to notice one that drafts well
     s.gap_len = s.off ? std::clamp(s.gap_len / 2, GAP_MIN, NEW_PROMPT_GAP_MAX) : GAP_MIN;
     s.off = false;
     s.gap = 0;
-    s.probing = false;
+    s.resume_gap = 0;
     s.owed_run = 0;
     s.repeat_k = 0;
     s.steps = 0;
     // the ledger stays: it judges this machine's costs as much as the text's acceptance, and a generation is often
     // shorter than its window (a plain cost priced dear by one stalled run kept short generations drafting)
-    tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
 }
 
 double controller::pooled(int32_t i, int32_t src, const hazard_counts * except) const {
@@ -528,6 +544,8 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
             ms += draft_call_.predict(k_sum, 0);
             break;
         case DRAFTER_BLOCK:
+            ms += draft_call_.predict(n_drafting * (k_max + 1), 0);  // one block per stream, as long as the longest draft
+            break;
         case DRAFTER_NGRAM:
         default:
             ms += draft_call_.predict(n_drafting, 0);
@@ -656,15 +674,25 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     }
     std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
 
+    // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
+    // a step that changes the size pays that, so a draft length is left only for one that gains more than it costs
+    const double cold = SWITCH_WEIGHT * cold_ms();
+    auto step_cost = [&](const std::vector<int32_t> & kk) {
+        int32_t t = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            t += active[i] ? kk[i] + 1 : 0;
+        }
+        return predict_step(kk, active, pending, bucket, free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
+    };
     std::vector<int32_t> best = k;
-    double best_rate = expect / predict_step(k, active, pending, bucket, free);
+    double best_rate = expect / step_cost(k);
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
             continue;  // survival ties across positions: keep each stream's rows a prefix
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / predict_step(k, active, pending, bucket, free);
+        const double rate = expect / step_cost(k);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
@@ -676,11 +704,18 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
         if (!active[i] || s.off) {
             continue;
         }
+        const int32_t resumed = s.resume_gap;
+        s.resume_gap = 0;
         if (best[i] == 0) {
-            // does not pay now: off, probed later (soon if it had been paying for a while)
+            // does not pay now: off, probed later (soon if it had been paying for a while; where a new prompt found
+            // it off, when its schedule says)
             s.off = true;
-            s.gap_len = s.steps >= 4 * GAP_MIN ? GAP_MIN : std::max(GAP_MIN, s.gap_len);
-            s.gap = s.gap_len;
+            if (resumed > 0) {
+                s.gap = resumed;
+            } else {
+                s.gap_len = s.steps >= 4 * GAP_MIN ? GAP_MIN : std::max(GAP_MIN, s.gap_len);
+                s.gap = s.gap_len;
+            }
             s.steps = 0;
         } else {
             s.steps++;
@@ -690,7 +725,12 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
             for (int32_t j = 0; j < n; ++j) {
                 t_next += active[j] ? best[j] + 1 : 0;
             }
-            const uint32_t one_in = target_.confirmed_at(t_next + 1, bucket) ? EXPLORE_ONE_IN : EXPLORE_ONE_IN / 4;
+            uint32_t one_in = target_.confirmed_at(t_next + 1, bucket) ? EXPLORE_ONE_IN : EXPLORE_ONE_IN / 4;
+            // a try of one more position changes the batch size twice (there and back): rarer where that is dear
+            const double plain = plain_step_ms(1, bucket);
+            if (plain > 0.0 && cold > 0.5 * plain) {
+                one_in = (uint32_t) std::min(4096.0, one_in * 2.0 * cold / plain);
+            }
             if (best[i] < std::min(cap_of(i), explore_cap) && (rng_() % one_in) == 0) {
                 best[i]++;
             }
@@ -841,6 +881,19 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
     }
 }
 
+int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
+    // steps between probes for them to cost PROBE_BUDGET of plain decoding, a draft model's catch-up aside
+    if (!target_.has_any()) {
+        return GAP_MIN;
+    }
+    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
+    act[stream] = 1;
+    k[stream] = PROBE_K;
+    const double plain = plain_step_ms(1, bucket);
+    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms();
+    return plain > 0.0 ? (int32_t) std::clamp(fixed / (PROBE_BUDGET * plain), (double) GAP_MIN, (double) GAP_MAX) : GAP_MIN;
+}
+
 int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
     // a probe every g steps costs (fixed + catch-up of min(g, limit) tokens) / g; the smallest g within budget
     std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
@@ -848,8 +901,8 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
     k[stream] = PROBE_K;
     const bool is_free = stream < (int32_t) free.size() && free[stream] > 0;
     const double plain = plain_step_ms(1, bucket);
-    // a probe's batch runs cold (its size did not run in the steps before)
-    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + cold_ms();
+    // a probe's batch runs cold (its size did not run in the steps before), and so does the plain step after it
+    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms();
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = PROBE_BUDGET * plain;
@@ -866,7 +919,7 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
 
 void controller::observe(const step_obs & o) {
     const int32_t n = (int32_t) s_.size();
-    int32_t n_active = 0, n_tok = 0, n_drafting = 0, n_model = 0, first = 0, k_sum = 0, rest_rows = 0;
+    int32_t n_active = 0, n_tok = 0, n_drafting = 0, n_model = 0, first = 0, k_sum = 0, k_top = 0, rest_rows = 0;
     int32_t committed = 0;
     double depth_sum = 0.0;
     for (int32_t i = 0; i < n && i < (int32_t) o.active.size(); ++i) {
@@ -881,6 +934,7 @@ void controller::observe(const step_obs & o) {
         if (d > 0) {
             n_drafting++;
             k_sum += d;
+            k_top = std::max(k_top, d);
             const bool from_model = o.source.empty() || !o.source[i];
             if (from_model) {
                 n_model++;
@@ -921,7 +975,8 @@ void controller::observe(const step_obs & o) {
             }
             draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model
         } else {
-            draft_call_.observe(p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : n_drafting, 0, o.t_draft_call_ms);
+            const int32_t size = p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : p_.kind == DRAFTER_BLOCK ? n_drafting * (k_top + 1) : n_drafting;
+            draft_call_.observe(size, 0, o.t_draft_call_ms);
             draft_ms = o.t_draft_call_ms;
         }
     }
@@ -951,8 +1006,8 @@ void controller::observe(const step_obs & o) {
             continue;
         }
         stream_state & s = s_[i];
-        // a probe that lands means the content may have changed: the old evidence against drafting goes
-        const double f = !(s.probing && a > 0) ? HAZARD_DECAY : 0.3;
+        // a probe that lands means the content may have changed: the old evidence against drafting fades faster
+        const double f = !(s.probing && a > 0) ? HAZARD_DECAY : PROBE_LANDED_DECAY;
         s.src = i < (int32_t) o.source.size() && o.source[i] ? 1 : 0;
         s.h().decay(f);
         s.h().add(d, a);
@@ -1003,13 +1058,16 @@ void controller::observe(const step_obs & o) {
         std::vector<int32_t> free_i(n, 0);
         free_i[i] = s.src;
         const double base = (n_active + others) / predict_step(k, act, pend, bucket, free_i);
+        // turning drafting on changes the batch size (and back, some time later): its cold runs, over the steps it
+        // is expected to last, are part of what drafting must earn
+        const double switch_ms = 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS;
         double expect = n_active + others, surv = 1.0;
         bool pays = false;
         for (int32_t j = 0; j < p_.n_max && !pays; ++j) {
             surv *= hazard(s, j);
             expect += surv;
             k[i] = j + 1;
-            pays = expect / predict_step(k, act, pend, bucket, free_i) > PROBE_PAYS_MARGIN * base;
+            pays = expect / (predict_step(k, act, pend, bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base;
         }
         if (pays) {
             s.off = false;

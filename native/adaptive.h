@@ -207,6 +207,7 @@ private:
         bool probing = false;      // this step's draft is a probe
         int32_t owed_run = 0;      // probes in a row that followed one another to price drafting
         int32_t repeat_k = 0;      // the next probe repeats this draft length (its batch measured in a steady run)
+        int32_t resume_gap = 0;    // a new prompt found the stream off: the steps left of its probe interval
         int32_t steps = 0;
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
         std::vector<double> led_real, led_plain, led_tok;
@@ -221,6 +222,8 @@ private:
     double plain_step_ms(int32_t n_active, int32_t bucket) const;
     void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
+    // the probe interval at which probes cost PROBE_BUDGET of plain decoding (a GPU's cold batches included)
+    int32_t probe_gap_budget(int32_t stream, int32_t bucket) const;
     // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
     // its step, whose probe batch is that size), 0 where even the best case cannot pay by measured costs

@@ -14,6 +14,10 @@ namespace pls {
 
 namespace {
 
+// rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
+// its context when it drafts again, as a draft model's limited catch-up does)
+constexpr int32_t KEPT_ROWS = 512;
+
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
     st.n_steps++;
@@ -42,6 +46,28 @@ float top2_margin(const float * logits, int32_t n_vocab) {
         }
     }
     return a - b;
+}
+
+// synthetic acceptance draws by position: the token drafted for position pos of a stream lands when this uniform
+// number is below its rate, so arms that share a prompt and a seed face the same acceptance along the text however
+// they split it into drafts (common random numbers: two arms differ by their choices, not by their luck)
+uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+double synth_uniform(uint64_t key, int32_t pos) {
+    return (double) (mix64(key ^ mix64((uint64_t) (uint32_t) pos)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint64_t synth_key_of(uint32_t seed, llama_seq_id seq, const int32_t * prompt, int32_t n_prompt) {
+    uint64_t h = mix64(((uint64_t) seed << 32) | (uint32_t) seq);
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        h = mix64(h ^ (uint32_t) prompt[i]);
+    }
+    return h;
 }
 
 void finish_stream(stream_state & st, int32_t why) {
@@ -147,6 +173,9 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     if (s.ctx_dft) {
         llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), seq, -1, -1);
     }
+    if (s.spec) {
+        common_speculative_defer(s.spec, seq, 0);  // its prompt is processed as it is decoded
+    }
     st = stream_state{};
     st.seq = seq;
     st.n_prefilled = keep;
@@ -177,6 +206,7 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
         sampling.seed += (uint32_t) seq;  // streams of one seeded run sample differently, reproducibly
     }
     st.greedy = s.greedy && sampling.temp <= 0.0f;
+    st.synth_key = s.synth_probs.empty() ? 0 : synth_key_of(s.sp.synth_seed, seq, prompt, n_prompt);
     st.smpl.reset(common_sampler_init(s.target->model, sampling));
     st.prompt_tgt.reserve(llama_n_ctx_seq(s.ctx_tgt.get()));
     st.stats.n_prompt = n_prompt;
@@ -222,6 +252,9 @@ void finish_prompts(pls_session & s) {
         llama_tokens().swap(st.prompt_in);
         if (s.spec) {
             common_speculative_begin(s.spec, st.seq, st.prompt_tgt);
+            // drafters that read the target's features keep the rows of its steps and process them when it drafts:
+            // a step without a draft costs them nothing (patch 0005)
+            common_speculative_defer(s.spec, st.seq, KEPT_ROWS);
         }
         st.active = true;
     }
@@ -388,6 +421,8 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
         for (auto & st : s.streams) {
             if (st.active && !st.replay) {
                 want[st.seq] = st.k;
+                // the rows a deferred drafter processes before this draft (those of the steps since its last one)
+                st.catchup = st.k > 0 ? common_speculative_n_deferred(s.spec, st.seq) : 0;
             }
         }
         engine_draft(s, want, tm);
@@ -480,8 +515,9 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
         if (st.replay) {
             a = n_draft;
         } else {
-            std::uniform_real_distribution<double> u(0.0, 1.0);
-            while (a < n_draft && a < s.synth_probs.size() && u(s.synth_rng) < s.synth_probs[a]) {
+            // draft token a is at position n_past + 1 + a
+            while (a < n_draft && a < s.synth_probs.size() &&
+                   synth_uniform(st.synth_key, st.n_past + 1 + (int32_t) a) < s.synth_probs[a]) {
                 a++;
             }
         }
@@ -693,6 +729,43 @@ void reset_stats_now(pls_session & s) {
     publish_stats(s);
 }
 
+namespace {
+
+// one step as the controller saw it, kept for pls_take_trace (plain sessions too: their steps are the baseline)
+void record_trace(pls_session & s, const step_obs & obs, const step_timing & tm, int32_t n_tokens, int32_t n_prompt,
+                  double step_ms, int64_t captures) {
+    pls_trace_step t{};
+    for (int32_t i = 0; i < (int32_t) obs.active.size() && i < PLS_MAX_STREAMS; ++i) {
+        if (!obs.active[i]) {
+            continue;
+        }
+        t.n_streams = i + 1;
+        t.active[i] = 1;
+        t.k[i] = obs.k[i];
+        t.n_drafted[i] = obs.n_drafted[i];
+        t.n_accepted[i] = obs.n_accepted[i];
+        t.n_catchup[i] = obs.n_catchup[i];
+        t.depth[i] = obs.depth[i];
+    }
+    t.n_tokens = n_tokens;
+    t.n_prompt = n_prompt;
+    t.n_draft_iters = tm.draft_iters;
+    t.n_graph_captures = (int32_t) captures;
+    t.t_draft_first_ms = tm.draft_first_ms;
+    t.t_draft_rest_ms = tm.draft_rest_ms;
+    t.t_draft_call_ms = tm.draft_call_ms;
+    t.t_target_ms = tm.target_ms;
+    t.t_step_ms = step_ms;
+    std::lock_guard<std::mutex> lock(s.stats_mu);
+    if ((int32_t) s.trace.size() < s.sp.trace_steps) {
+        s.trace.push_back(t);
+    } else {
+        s.trace_dropped++;
+    }
+}
+
+}  // namespace
+
 int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
     // reused across steps: clear, keep the capacity
     out_tokens.resize(s.streams.size());
@@ -710,6 +783,7 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     llama_context * ctx_tgt = s.ctx_tgt.get();
     const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(ctx_tgt);
     const int64_t t_step0 = now_us();
+    const int64_t captures0 = graph_captures();
 
     const bool stop = s.stop_requested.load();
     bool any = false;
@@ -817,8 +891,10 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         s.stats.n_free_drafts += obs.source[st.seq];
         st.stats.n_free_drafts += obs.source[st.seq];
         st.n_drafted_step = (int32_t) st.draft.size();
-        s.stats.n_catchup += st.catchup;
-        st.stats.n_catchup += st.catchup;
+        if (s.own_draft_model) {
+            s.stats.n_catchup += st.catchup;
+            st.stats.n_catchup += st.catchup;
+        }
     }
 
     int32_t n_left = 0;
@@ -845,6 +921,9 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         obs.t_target_ms = n_prompt_rows > 0 ? -1.0 : tm.target_ms;
         obs.t_step_ms = n_prompt_rows > 0 ? -1.0 : step_ms;
         s.ctl->observe(obs);
+    }
+    if (s.sp.trace_steps > 0) {
+        record_trace(s, obs, tm, batch.size(), n_prompt_rows, step_ms, graph_captures() - captures0);
     }
     if (!s.active && stop) {
         s.stop_requested.store(false);

@@ -76,6 +76,7 @@ struct stream_state {
     int32_t n_accepted_step = 0;
     int32_t finish = PLS_FINISH_NONE;
     bool greedy = false;       // verify by argmax (temperature 0, nothing else in the sampler chain)
+    uint64_t synth_key = 0;    // synthetic acceptance: the seed and this prompt (a drafted token's draw is by position)
     common_sampler_ptr smpl;
     draft_stream dft;
     pls_stats stats{};         // counters only; the session's stats hold the (shared) timings
@@ -123,7 +124,6 @@ struct pls_session {
     std::vector<llama_sampler *> dft_chains;  // device-side top-k of the draft model, one per sequence
     std::vector<common_sampler_ptr> dft_smpl; // the draft model's samplers (top-k 10, as upstream's draft-simple)
     std::vector<double> synth_probs;       // conditional acceptance probabilities (synthetic mode)
-    std::mt19937_64 synth_rng;
 
     std::unique_ptr<pls::controller> ctl;
 
@@ -159,6 +159,8 @@ struct pls_session {
     std::atomic<bool> reset_requested{false};
     int64_t graph_captures0 = 0;           // the process-wide graph counters when the stats were last reset
     int64_t graph_resets0 = 0;
+    std::vector<pls_trace_step> trace;     // steps recorded for pls_take_trace (under stats_mu), at most sp.trace_steps
+    int64_t trace_dropped = 0;             // steps recorded beyond that since the last take
 
     ~pls_session();
 };

@@ -233,7 +233,8 @@ void validate_params(const pls_session_params & p) {
         bad("top_p, min_p and p_min must be within 0..1");
     }
     range("n_synth_rates", p.n_synth_rates, 0, PLS_MAX_DRAFT);
-    range("n_k_schedule", p.n_k_schedule, 0, 16);
+    range("n_k_schedule", p.n_k_schedule, 0, PLS_MAX_SCHEDULE);
+    range("trace_steps", p.trace_steps, 0, PLS_MAX_TRACE);
     for (int32_t i = 0; i < p.n_k_schedule; ++i) {
         range("k_schedule entry", p.k_schedule[i], 0, PLS_MAX_DRAFT);
     }
@@ -510,7 +511,6 @@ void setup_drafting(pls_session & s) {
             s.synth_probs.push_back(prev > 0.0 ? r / prev : 0.0);
             prev = r;
         }
-        s.synth_rng.seed(s.sp.synth_seed);
         c.speculative.synth_rates.clear();  // applied here, not by the engine
         c.speculative.synth_len = -1.0;
     }
@@ -554,7 +554,7 @@ void setup_drafting(pls_session & s) {
     cp.kind = (drafter_kind) s.drafter_kind;
     cp.adaptive = s.sp.adaptive != 0;
     cp.seed = s.sp.seed;
-    cp.schedule.assign(s.sp.k_schedule, s.sp.k_schedule + std::clamp(s.sp.n_k_schedule, 0, 16));
+    cp.schedule.assign(s.sp.k_schedule, s.sp.k_schedule + std::clamp(s.sp.n_k_schedule, 0, (int32_t) PLS_MAX_SCHEDULE));
     s.ctl = std::make_unique<controller>(cp);
 }
 

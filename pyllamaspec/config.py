@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
-from ._native.header import MAX_DRAFT, MAX_SPEC_TYPES, MAX_STREAMS, SPEC_TYPE_IDS, SPEC_TYPES
+from ._native.header import MAX_DRAFT, MAX_SCHEDULE, MAX_SPEC_TYPES, MAX_STREAMS, MAX_TRACE, SPEC_TYPE_IDS, SPEC_TYPES
 from .errors import ConfigError
 
 # SPEC_TYPES: llama.cpp's names, in the order of upstream's enum common_speculative_type (from the header)
@@ -191,6 +191,9 @@ class SessionConfig:
     synth_rates: Sequence[float] | None = None
     synth_len: float | None = None
     synth_seed: int = 1
+    # record what each step was and cost, for SpecSession.take_trace() (replaying the controller against measured
+    # costs): at most this many steps are kept between takes (0: no trace)
+    trace_steps: int = 0
 
     def __post_init__(self) -> None:
         owner = "SessionConfig"
@@ -231,8 +234,8 @@ class SessionConfig:
         if self.draft_schedule is not None:
             if isinstance(self.draft_schedule, (str, bytes)) or not isinstance(self.draft_schedule, Sequence):
                 raise ConfigError(f"{owner}.draft_schedule={self.draft_schedule!r} must be a list of draft lengths")
-            if not 1 <= len(self.draft_schedule) <= 16:
-                raise ConfigError(f"{owner}.draft_schedule: 1..16 draft lengths, got {len(self.draft_schedule)}")
+            if not 1 <= len(self.draft_schedule) <= MAX_SCHEDULE:
+                raise ConfigError(f"{owner}.draft_schedule: 1..{MAX_SCHEDULE} draft lengths, got {len(self.draft_schedule)}")
             for i, k in enumerate(self.draft_schedule):
                 _check_int(owner, f"draft_schedule[{i}]", k, 0, MAX_DRAFT)
             if self.adaptive:
@@ -253,6 +256,7 @@ class SessionConfig:
         if self.synth_len is not None:
             _check_float(owner, "synth_len", self.synth_len, 1.0, self.n_max + 1.0)
         _check_int(owner, "synth_seed", self.synth_seed, 0, UINT32_MAX)
+        _check_int(owner, "trace_steps", self.trace_steps, 0, MAX_TRACE)
         types = self.spec_types or ()
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "

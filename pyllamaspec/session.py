@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -224,6 +225,7 @@ def native_session_params(ffi, config: SessionConfig):
         p.synth_rates[i] = r
     p.synth_len = config.synth_len or 0.0
     p.synth_seed = config.synth_seed
+    p.trace_steps = config.trace_steps
     return p
 
 
@@ -460,6 +462,38 @@ class SpecSession:
     def reset_stats(self) -> None:
         with self._handle.use() as h:
             self._lib.pls_reset_stats(h)
+
+    def take_trace(self) -> list[dict]:
+        """The steps recorded since the last take (config.trace_steps > 0), oldest first, and forgets them: per
+        step what the controller saw - per stream slot whether it took part, the draft length chosen, tokens drafted,
+        accepted and caught up, its depth - and what the step cost (ms). A session opened without trace_steps
+        records nothing; steps beyond trace_steps between two takes are dropped (a warning names how many)."""
+        if self.config.trace_steps <= 0:
+            raise ConfigError("this session records no trace: open it with SessionConfig(trace_steps=N)")
+        ffi = self._ffi
+        buf = ffi.new("pls_trace_step[]", min(self.config.trace_steps, 4096))
+        dropped = ffi.new("int64_t *")
+        steps: list[dict] = []
+        lost = 0
+        with self._handle.use() as h:
+            while True:
+                n = self._lib.pls_take_trace(h, buf, len(buf), dropped)
+                lost += dropped[0]
+                for t in buf[0:n]:
+                    m = t.n_streams
+                    steps.append({
+                        "active": list(t.active[0:m]), "k": list(t.k[0:m]), "drafted": list(t.n_drafted[0:m]),
+                        "accepted": list(t.n_accepted[0:m]), "catchup": list(t.n_catchup[0:m]),
+                        "depth": list(t.depth[0:m]), "n_tokens": t.n_tokens, "n_prompt": t.n_prompt,
+                        "draft_iters": t.n_draft_iters, "captures": t.n_graph_captures,
+                        "t_draft_first": t.t_draft_first_ms, "t_draft_rest": t.t_draft_rest_ms,
+                        "t_draft_call": t.t_draft_call_ms, "t_target": t.t_target_ms, "t_step": t.t_step_ms})
+                if n < len(buf):
+                    break
+        if lost:
+            warnings.warn(f"{lost} steps were not recorded: more than trace_steps={self.config.trace_steps} steps ran "
+                          f"between two take_trace() calls", stacklevel=2)
+        return steps
 
     def request_stop(self) -> None:
         """Any thread: end the generation that runs now (or is about to begin) after the step in flight.

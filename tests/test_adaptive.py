@@ -442,13 +442,24 @@ def test_a_batch_size_is_priced_by_its_steady_runs_not_its_one_off_runs():
     assert speedup(runs) >= 1.05 and speedup(runs) >= 0.9 * fixed, (speedup(runs), fixed)
 
 
-def test_a_new_prompt_is_probed_as_its_stream_last_was():
-    # each generation is a new prompt (its acceptance history goes): one whose drafts never landed before is probed
-    # from a longer interval than a fresh stream, so short generations do not each pay a run of early probes
+def test_where_probes_are_dear_a_new_prompt_keeps_its_streams_probe_schedule():
+    # each generation is a new prompt (its acceptance history goes). On a GPU a probe changes the batch size twice
+    # (eager runs, graphs captured): a stream whose drafts never landed keeps its probe schedule across prompts, at the
+    # rate the probe budget allows however short the generations are, instead of a run of early probes at each prompt
+    # (which cost 3.5% on 128-token generations) - and it is still probed, never written off
     sim = Sim(H200_7B, seed=1, **GPU_GRAPHS)
     runs = generations(sim, 9, 128, 0.0)[1:]
-    assert 1 / speedup(runs) <= 1.025   # a probe interval starting at 4 each time: 1.035
-    assert sum(1 for ks in sim.ks[-128 * 8:] if ks[0] > 0) >= 8   # yet each prompt is probed
+    assert 1 / speedup(runs) <= 1.02
+    probes = sum(1 for ks in sim.ks[-128 * 8:] if ks[0] > 0)
+    assert 1 <= probes <= 4
+
+
+def test_where_probes_are_cheap_a_new_prompt_is_probed_as_its_stream_last_was():
+    # a CPU's probe costs what its steps cost (no cold batches): each prompt is probed, from a longer interval than a
+    # fresh stream's where its drafts did not land before
+    sim = Sim(CPU_BATCHING, seed=1)
+    gens = generations(sim, 9, 128, 0.0)
+    assert sum(1 for ks in sim.ks[-128 * 8:] if ks[0] > 0) >= 8
 
 
 def test_one_stalled_plain_step_does_not_keep_short_generations_drafting():

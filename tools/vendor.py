@@ -319,8 +319,10 @@ def populate(dest: Path = DEFAULT_DEST, patches: list[Patch] | None = None, pin:
     want = [{"name": p.name, "sha256": p.sha256} for p in patches]
     dest.parent.mkdir(parents=True, exist_ok=True)
 
+    extract = pin.get("extract", {})
     stamp = read_stamp(dest)
-    if stamp and stamp.get("commit") == commit and stamp.get("patches") == want:
+    # the same commit, patches and parts of the tree (a part added to the extract lists is copied in)
+    if stamp and stamp.get("commit") == commit and stamp.get("patches") == want and stamp.get("extract") == extract:
         return stamp
 
     head = git_head(dest)
@@ -353,7 +355,7 @@ def populate(dest: Path = DEFAULT_DEST, patches: list[Patch] | None = None, pin:
         shutil.copy2(p.path, copy)
         copies.append(str(copy))
     stamp = {"commit": commit, "upstream": pin["upstream"]["url"], "source": source,
-             "patches": want, "applied_copies": copies}
+             "patches": want, "applied_copies": copies, "extract": extract}
     (dest / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
     return stamp
 

@@ -1,5 +1,13 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md's H200 sections, in phases that each fit one call of a lent machine.
+# Build once per machine session, carry it afterwards:
+#   build      the carried wheels and the CUDA package into /tmp/pls (UPSTREAM=1 adds upstream's speculative-simple
+#              and llama-bench); then `pack` it into $OUT (pieces of 15 MB) and copy the pieces into .pkg/ here
+#   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90)
+#   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
+#              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common and the
+#              shim, built on another x86-64 machine from this tree: `benchmarks/gpu/libs.sh`); needs
+#              `carry: [".pkg", ".whl"]`
 #   setup      build (the carried wheels, the CUDA package; UPSTREAM=1 adds upstream's speculative-simple),
 #              synth05, synth7 (the models)
 #   tests      the suite on CUDA (no real models: they cannot travel)
@@ -23,6 +31,66 @@ PKG=/tmp/pls
 export PYTHONPATH=$PKG:$SITE
 
 phase_setup() { phase_build && phase_synth05 && phase_synth7; }
+
+phase_pack() {
+    tar czf - -C /tmp pls | split -b 15M - "$OUT/pls.tgz." && ls -l "$OUT"/pls.tgz.*
+}
+
+phase_unpack() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || return 1
+    if [ ! -d $PKG/pyllamaspec/lib ]; then
+        cat .pkg/pls.tgz.* | tar xz -C /tmp || return 1
+    fi
+    # this checkout's Python (and header) over the package's; lib/ and bin/ stay
+    cp -r pyllamaspec/. $PKG/pyllamaspec/
+    # libllama, libllama-common and the shim hold no backend code: built on any x86-64 machine from the same tree
+    # (`benchmarks/gpu/libs.sh`), they replace the package's, whose ggml backends stay
+    [ -f .pkg/libs.tgz ] && tar xzf .pkg/libs.tgz -C $PKG/pyllamaspec/lib
+    python3 -P -m pyllamaspec.cli info | head -4
+}
+
+phase_synth27() {
+    local t0=$SECONDS
+    [ -f /tmp/m/t27.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t27.gguf --preset qwen3.8-27b --type q4_0 \
+        --stddev 0.02 --seed 3 --drafter /tmp/m/d27.gguf
+    echo "synth 27B + DFlash2: $((SECONDS - t0)) s"
+}
+
+phase_synth35() {
+    local t0=$SECONDS
+    [ -f /tmp/m/t35.gguf ] || python3 -P -m pyllamaspec.cli synth /tmp/m/t35.gguf --preset qwen3.6-35b-a3b --type q4_0 \
+        --stddev 0.02 --seed 4 --drafter /tmp/m/d35.gguf
+    echo "synth 35B-A3B + DFlash: $((SECONDS - t0)) s"
+}
+
+# the grid of issue-sized cells, every step traced (pyllamaspec.bench.trace) for replay: R rounds (default 8)
+grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
+    local name=$1 m=$2 d=$3 arms=$4 depth=$5 levels=$6; shift 6
+    mkdir -p "$OUT/res"
+    python3 -P benchmarks/step_cost.py -m "$m" -md "$d" --arms "$arms" --depth "$depth" --synth "$levels" \
+        --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" "$@"
+}
+phase_g27() { phase_synth27 && grid h200-27b-d0 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
+phase_g27deep() {
+    phase_synth27 && grid h200-27b-d4096 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n7,adaptive7}" 4096 "${LEVELS:-0,0.8}" --ubatch 2048 \
+        && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n7,adaptive7}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+}
+phase_g35() {
+    phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
+        --sweep-n-max 15
+}
+phase_g35cpu() {
+    phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
+}
+phase_g7() {
+    phase_synth05 && phase_synth7 && grid h200-7b-d0 /tmp/m/t7b.gguf /tmp/m/d05.gguf \
+        "${ARMS:-plain,n2,n4,n8,adaptive,sweep,upstream-n4,upstream-plain}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"
+}
+phase_g7deep() {
+    phase_synth05 && phase_synth7 && grid h200-7b-d16384 /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+}
+# the results of a call as one file (the files that come back from a call are few)
+phase_collect() { [ -d "$OUT/res" ] && tar czf "$OUT/results-$(date -u +%H%M%S).tgz" -C "$OUT" res && rm -rf "$OUT/res"; ls -l "$OUT"; }
 
 # the CUDA package; with UPSTREAM=1 also upstream's llama-speculative-simple (for the upstream-* arms)
 phase_build() {

@@ -71,3 +71,5 @@ ROLLBACK_KINDS: dict[int, str] = {0: "none", 1: "kv", 2: "ring", 3: "checkpoint"
 MAX_DRAFT: int = constants()["PLS_MAX_DRAFT"]
 MAX_STREAMS: int = constants()["PLS_MAX_STREAMS"]
 MAX_SPEC_TYPES: int = constants()["PLS_MAX_SPEC_TYPES"]
+MAX_SCHEDULE: int = constants()["PLS_MAX_SCHEDULE"]
+MAX_TRACE: int = constants()["PLS_MAX_TRACE"]

@@ -151,7 +151,9 @@ enum {
 enum {
     PLS_MAX_SPEC_TYPES = 8,
     PLS_MAX_DRAFT = 64,
-    PLS_MAX_STREAMS = 64
+    PLS_MAX_STREAMS = 64,
+    PLS_MAX_SCHEDULE = 64,
+    PLS_MAX_TRACE = 1048576
 };
 
 typedef struct pls_session_params {
@@ -196,7 +198,7 @@ typedef struct pls_session_params {
     /* adaptive = 0 with n_k_schedule > 0: step i drafts k_schedule[i % n_k_schedule] tokens (capped by n_max and the
      * context), 0 meaning a plain step - a fixed cycle of draft lengths for tests and benchmarks */
     int32_t  n_k_schedule;
-    int32_t  k_schedule[16];
+    int32_t  k_schedule[64];        /* PLS_MAX_SCHEDULE */
     /* synthetic acceptance (speed measurement only: the output is NOT the model's): draft position i is
      * accepted with unconditional probability synth_rates[i] (n_synth_rates values, non-increasing), or with
      * a geometric profile whose mean accepted length (the target's token included) is synth_len (> 0) */
@@ -204,6 +206,8 @@ typedef struct pls_session_params {
     float    synth_rates[64];
     float    synth_len;
     uint32_t synth_seed;
+    /* steps recorded for pls_take_trace (0: none; at most PLS_MAX_TRACE; beyond, steps are counted, not kept) */
+    int32_t  trace_steps;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -399,6 +403,34 @@ void pls_clear_stop(pls_session * session);
 void pls_get_stats(const pls_session * session, pls_stats * out);
 void pls_reset_stats(pls_session * session);
 int32_t pls_get_adaptive_info(const pls_session * session, pls_adaptive_info * out);
+
+/* What each step of a generation was and what it cost, as the draft-length controller saw it: for replaying the
+ * controller against recorded costs. Recorded when the session was opened with trace_steps > 0. Per stream slot
+ * (up to n_streams, the highest slot in the step + 1): in the step or not, the draft length chosen, tokens drafted
+ * and accepted, tokens a draft model caught up (or rows a deferred drafter processed before drafting: upstream's
+ * drafters that read the target's features keep the rows of steps without a draft and process them at the next),
+ * and the context depth. */
+typedef struct pls_trace_step {
+    int32_t n_streams;
+    int32_t active[64];
+    int32_t k[64];
+    int32_t n_drafted[64];
+    int32_t n_accepted[64];
+    int32_t n_catchup[64];
+    int32_t depth[64];
+    int32_t n_tokens;               /* rows of the target batch */
+    int32_t n_prompt;               /* prompt rows among them (continuous batching: the step's costs are not a verify's) */
+    int32_t n_draft_iters;          /* a draft model's decodes after its first */
+    int32_t n_graph_captures;       /* CUDA/HIP graphs captured during the step (process-wide) */
+    double  t_draft_first_ms;       /* a draft model's first decode (catch-up included) */
+    double  t_draft_rest_ms;        /* its further decodes */
+    double  t_draft_call_ms;        /* an upstream drafter's call, n-gram lookups */
+    double  t_target_ms;            /* the target batch, sampled (and the drafters' process of it) */
+    double  t_step_ms;              /* the whole step */
+} pls_trace_step;
+/* Moves up to capacity recorded steps, oldest first, into out and forgets them; returns how many were moved. The
+ * steps recorded beyond trace_steps since the last call are counted in *n_dropped (may be NULL). Any thread. */
+int32_t pls_take_trace(pls_session * session, pls_trace_step * out, int32_t capacity, int64_t * n_dropped);
 
 /* The draft-length controller alone, for tests and simulations: no models, an injected clock. Costs and
  * acceptance are what observe() is told. choose() writes the draft length per stream (caps[i] bounds it). */

@@ -1,0 +1,349 @@
+"""Replay: the draft-length controller against step costs recorded on a machine, with scripted acceptance.
+
+A trace (``pyllamaspec.bench.trace``, recorded by ``benchmarks/step_cost.py --trace``) says what every step of
+every arm cost on the machine it ran on: the target batch by its size and by how many steps before ran the same
+size (a GPU runs a new batch shape eagerly, then captures it, then replays it), the drafter's call, the rest. A
+``CostModel`` keeps those costs as samples; ``simulate`` runs plain decoding, fixed draft lengths and the adaptive
+controller (the native one, through ``pyllamaspec.controller``) through them, each step's cost drawn from what that
+machine measured for such a step, acceptance drawn by position from a scripted process (Bernoulli, bursts, content
+switches) - the same positions for every arm. So the controller can be tuned against GPU costs on any CPU, and CI
+can hold it to bounds.
+
+    python -m pyllamaspec.bench.replay benchmarks/traces/h200-27b-d0.json.gz --levels 0,0.3,0.6,0.8,0.9
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..controller import Controller, Observation
+from . import trace as tracefile
+
+KIND_OF_SPEC = {"draft-simple": "model", "draft-eagle3": "autoregressive", "draft-mtp": "autoregressive",
+                "draft-dflash": "block", "draft-dspark": "block"}
+
+
+def _age_bucket(age: int) -> int:
+    return min(age, 2)  # 0: the size did not run in the step before; 1: it ran once before; 2: steady
+
+
+@dataclass
+class CostModel:
+    """Step costs of one setup (models, depth) as measured: samples by what the step was."""
+
+    kind: str
+    depth: int
+    target: dict = field(default_factory=dict)       # (n_tokens, age bucket) -> [ms], sessions with a drafter
+    first: list = field(default_factory=list)         # a generation's first step (after its prompt) -> [ms]
+    plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
+    plain_first: list = field(default_factory=list)
+    draft_call: dict = field(default_factory=dict)   # block length - 1 (DFlash) or draft length -> [ms] per drafting step
+    draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
+    draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
+    rest: list = field(default_factory=list)          # step time beyond target and drafter -> [ms]
+
+    @classmethod
+    def from_arms(cls, arms: Sequence[dict], depth: int | None = None) -> "CostModel":
+        """From the arms of trace files (all levels of a depth): every measured step goes into its bucket."""
+        kinds = {KIND_OF_SPEC.get(a["setup"].get("spec_type"), "model") for a in arms if a["arm"] != "plain"}
+        m = cls(kind=kinds.pop() if len(kinds) == 1 else "model",
+                depth=depth if depth is not None else arms[0]["setup"]["depth"])
+        for a in arms:
+            if depth is not None and a["setup"]["depth"] != depth:
+                continue
+            n_max = a["setup"].get("n_max", 0)
+            # a DFlash block as long as the step's draft (patch 0007), or the session's n_max + 1 before it
+            per_draft = a["setup"].get("dflash_block") == "draft"
+            for rnd in a["rounds"]:
+                prev: list[int] = []
+                for i, s in enumerate(rnd):
+                    if s["n_active"] != 1 or s["n_prompt"]:
+                        prev = []
+                        continue
+                    n = s["n_tokens"]
+                    if a["arm"] == "plain":
+                        (m.plain_first if i == 0 else m.plain).append(s["t_target"])
+                    elif i == 0:
+                        m.first.append(s["t_target"])
+                    else:
+                        age = 0
+                        for p in reversed(prev):
+                            if p != n:
+                                break
+                            age += 1
+                        m.target.setdefault((n, _age_bucket(age)), []).append(s["t_target"])
+                    prev.append(n)
+                    if s["drafted"] > 0 and s["t_draft_call"] > 0:
+                        key = s["k"] if per_draft or m.kind == "autoregressive" else n_max
+                        m.draft_call.setdefault(key, []).append(s["t_draft_call"])
+                    if s["drafted"] > 0 and s["t_draft_first"] > 0:
+                        m.draft_first.append((s["catchup"], s["t_draft_first"]))
+                        if s["draft_iters"]:
+                            m.draft_rest.extend([s["t_draft_rest"] / s["draft_iters"]] * s["draft_iters"])
+                    drafter = s["t_draft_first"] + s["t_draft_rest"] + s["t_draft_call"]
+                    m.rest.append(max(0.0, s["t_step"] - s["t_target"] - drafter))
+        if not m.target:
+            raise ValueError("the trace holds no single-stream steps to learn costs from")
+        return m
+
+    # -- costs of a step ------------------------------------------------------------------------
+
+    def _steady_median(self, n: int) -> float:
+        """Median steady cost of a size, interpolated (or extrapolated linearly) from the sizes measured."""
+        sizes = sorted({k for k, a in self.target if a == 2} or {k for k, _ in self.target})
+        med = {k: statistics.median(self.target.get((k, 2)) or [v for (kk, _), vs in self.target.items() if kk == k
+                                                                   for v in vs]) for k in sizes}
+        if n in med:
+            return med[n]
+        j = bisect.bisect_left(sizes, n)
+        if len(sizes) == 1:
+            return med[sizes[0]]
+        lo, hi = (sizes[j - 1], sizes[j]) if 0 < j < len(sizes) else ((sizes[-2], sizes[-1]) if j else (sizes[0], sizes[1]))
+        return med[lo] + (med[hi] - med[lo]) * (n - lo) / (hi - lo)
+
+    def target_ms(self, n: int, age: int, rng: random.Random) -> float:
+        """A target batch of n tokens whose size ran in the `age` steps before (0: a new shape)."""
+        b = _age_bucket(age)
+        samples = self.target.get((n, b))
+        if samples:
+            return rng.choice(samples)
+        # not measured at this age: the size's steady cost plus what this age costs over steady elsewhere
+        base = self._steady_median(n)
+        if b == 2:
+            return base
+        extra = [statistics.median(v) - self._steady_median(k) for (k, a), v in self.target.items() if a == b]
+        return base + (statistics.median(extra) if extra else 0.0)
+
+    def first_ms(self, rng: random.Random) -> float:
+        return rng.choice(self.first) if self.first else self.target_ms(1, 0, rng)
+
+    def plain_ms(self, first: bool, rng: random.Random) -> float:
+        """A step of plain decoding in a session without a drafter (no snapshot ring, no features kept)."""
+        samples = (self.plain_first if first else self.plain) or self.plain
+        return rng.choice(samples) if samples else self.target_ms(1, 2, rng)
+
+    def drafter_ms(self, n_max: int, k: int, catchup: int, rng: random.Random) -> tuple[float, float, int, float]:
+        """(first decode, further decodes, their count, call) for a draft of k tokens."""
+        if self.kind == "model":
+            if not self.draft_first:
+                return 0.0, 0.0, 0, 0.0
+            near = [ms for c, ms in self.draft_first if abs(c - catchup) <= max(2, catchup // 4)] or [ms for _, ms in self.draft_first]
+            rest = sum(rng.choice(self.draft_rest) for _ in range(k - 1)) if self.draft_rest else 0.0
+            return rng.choice(near), rest, k - 1, 0.0
+        # a block drafter's block is as long as the draft (patch 0007); an autoregressive one drafts k tokens
+        key = k
+        calls = self.draft_call.get(key)
+        if calls:
+            return 0.0, 0.0, 0, rng.choice(calls)
+        keys = sorted(self.draft_call)
+        if not keys:
+            return 0.0, 0.0, 0, 0.0
+        # not measured at this length: the nearest one's samples, scaled along the line through the lengths measured
+        med = {x: statistics.median(v) for x, v in self.draft_call.items()}
+        near = min(keys, key=lambda x: abs(x - key))
+        if len(keys) > 1:
+            lo, hi = keys[0], keys[-1]
+            slope = (med[hi] - med[lo]) / (hi - lo)
+            want = med[near] + slope * (key - near)
+        else:
+            want = med[near]
+        return 0.0, 0.0, 0, rng.choice(self.draft_call[near]) * max(0.1, want / med[near])
+
+    def rest_ms(self, rng: random.Random) -> float:
+        return rng.choice(self.rest) if self.rest else 0.0
+
+
+# -- acceptance processes ---------------------------------------------------------------------------
+
+
+def _uniform(seed: int, pos: int) -> float:
+    return random.Random((seed << 32) ^ pos).random()
+
+
+class Acceptance:
+    """Whether the token drafted for a position lands: a function of the position, the same for every arm."""
+
+    def __init__(self, p_at: Callable[[int], float], seed: int = 1) -> None:
+        self.p_at, self.seed = p_at, seed
+
+    def accepted(self, pos0: int, k: int) -> int:
+        """Tokens accepted of a draft of k for positions pos0 + 1 ... (the first rejection ends it)."""
+        a = 0
+        while a < k and _uniform(self.seed, pos0 + 1 + a) < self.p_at(pos0 + 1 + a):
+            a += 1
+        return a
+
+    @classmethod
+    def bernoulli(cls, p: float, seed: int = 1) -> "Acceptance":
+        return cls(lambda pos: p, seed)
+
+    @classmethod
+    def switch(cls, p_before: float, p_after: float, at: int, seed: int = 1) -> "Acceptance":
+        """A content switch: acceptance p_before up to position `at`, p_after from there."""
+        return cls(lambda pos: p_before if pos < at else p_after, seed)
+
+    @classmethod
+    def bursts(cls, p_high: float, p_low: float, mean_len: int, seed: int = 1) -> "Acceptance":
+        """Stretches of high and low acceptance of geometric length (mean mean_len positions)."""
+        rng = random.Random(seed * 7919)
+        edges, pos, high = [], 0, True
+        while pos < 1 << 22:
+            pos += max(1, int(rng.expovariate(1.0 / mean_len)))
+            edges.append(pos)
+        def p_at(q: int) -> float:
+            return p_high if bisect.bisect_right(edges, q) % 2 == 0 else p_low
+        return cls(p_at, seed)
+
+
+# -- simulation ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    ms: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    k_hist: dict = field(default_factory=dict)
+    gen_ms: list = field(default_factory=list)  # per generation
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.ms / max(1, self.tokens)
+
+
+def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_predict: int = 64, generations: int = 8,
+             seed: int = 1, controller: Controller | None = None) -> ArmResult:
+    """One arm over `generations` prompts of n_predict tokens: 'plain', 'nK' (fixed K) or 'adaptive' (the controller,
+    ceiling n_max; pass one to keep what it learnt from an earlier call, as a session's cost cache does)."""
+    rng = random.Random(seed)
+    fixed = int(arm[1:]) if arm.startswith("n") else 0
+    ceiling = fixed if fixed else n_max
+    ctl = None
+    if arm == "adaptive":
+        ctl = controller or Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed)
+    res = ArmResult(arm)
+    for g in range(generations):
+        pos = model.depth + 32 + 1000 * g  # each generation its own stretch of positions (its own prompt)
+        if ctl is not None:
+            ctl.reset_stream(0)
+        produced, prev, pending, t_gen = 0, [], 0, 0.0
+        while produced < n_predict:
+            cap = min(ceiling, n_predict - produced - 1)
+            if arm == "plain":
+                k = 0
+            elif ctl is None:
+                k = max(0, min(fixed, cap))
+            else:
+                k = ctl.choose([cap], [pos], [1], [pending if model.kind == "model" else 0])[0]
+            n = k + 1
+            age = 0
+            for p in reversed(prev):
+                if p != n:
+                    break
+                age += 1
+            if arm == "plain":
+                t_target = model.plain_ms(not prev, rng)
+            else:
+                t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng)
+            first = rest = call = 0.0
+            iters, catchup = 0, 0
+            if k > 0:
+                catchup = pending
+                first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng)
+            a = accept.accepted(pos, k)
+            committed = min(a + 1, n_predict - produced)
+            t_step = t_target + first + rest + call + model.rest_ms(rng)
+            if ctl is not None:
+                ctl.observe(Observation(k=[k], drafted=[k], accepted=[a], depth=[pos], active=[1], catchup=[catchup],
+                                        t_draft_first=first, t_draft_rest=rest, draft_iters=iters, t_draft_call=call,
+                                        t_target=t_target, t_step=t_step))
+            # a draft model that drafted saw all but a token it never decoded; one that did not falls behind
+            pending = (1 if a == k else 0) if k > 0 else pending + committed
+            prev.append(n)
+            t_gen += t_step
+            pos += committed
+            produced += committed
+            res.steps += 1
+            res.k_hist[k] = res.k_hist.get(k, 0) + 1
+        res.ms += t_gen
+        res.tokens += produced
+        res.gen_ms.append(t_gen)
+    return res
+
+
+def grid(model: CostModel, n_max: int, levels: Sequence[float], fixed: Sequence[int], *, n_predict: int = 64,
+         generations: int = 8, rounds: int = 3, seed: int = 1, warm: bool = True) -> dict:
+    """Every level: plain, each fixed length and adaptive, `rounds` times with different acceptance draws (the same
+    draws for every arm of a round). warm: the controller keeps what it learnt across rounds (a kept cost cache, as a
+    benchmark's later rounds have) after one discarded warm-up round. Returns {level: {arm: [ms per token, ...]}}."""
+    out = {}
+    for level in levels:
+        arms = ["plain"] + [f"n{k}" for k in fixed] + ["adaptive"]
+        per = {a: [] for a in arms}
+        ctl = Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed) if warm else None
+        for r in range(rounds + (1 if warm else 0)):
+            acc = Acceptance.bernoulli(level, seed=seed * 1000 + r)
+            for a in arms:
+                res = simulate(model, a, acc, n_max, n_predict=n_predict, generations=generations, seed=seed + r,
+                               controller=ctl if a == "adaptive" else None)
+                if not warm or r > 0:
+                    per[a].append(res.ms_per_token)
+        out[level] = per
+    return out
+
+
+def summarize(result: dict) -> list[dict]:
+    """Per level: each arm's median ms/token, adaptive against plain and against the best fixed length."""
+    rows = []
+    for level, per in result.items():
+        med = {a: statistics.median(v) for a, v in per.items()}
+        fixed = {a: m for a, m in med.items() if a.startswith("n")}
+        best = min(fixed, key=fixed.get) if fixed else "plain"
+        best_ms = min(med["plain"], fixed[best]) if fixed else med["plain"]
+        rows.append({"level": level, "ms_per_token": med, "best_fixed": best,
+                     "adaptive_x_plain": med["plain"] / med["adaptive"],
+                     "adaptive_x_best": best_ms / med["adaptive"]})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+", type=Path)
+    ap.add_argument("--depth", type=int, default=None, help="the depth whose steps price the run (default: the first)")
+    ap.add_argument("--levels", default="0,0.3,0.6,0.8,0.9")
+    ap.add_argument("--n-max", type=int, default=0, help="the adaptive ceiling (default: the traces' largest)")
+    ap.add_argument("--fixed", default="", help="fixed lengths to compare (default: those the traces have)")
+    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    arms = [a for p in args.traces for a in tracefile.load(p)]
+    model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
+    fixed = [int(x) for x in args.fixed.split(",") if x] or sorted(
+        {a["setup"]["n_max"] for a in arms if a["arm"].startswith("n") and a["arm"][1:].isdigit()})
+    n_max = args.n_max or max([a["setup"]["n_max"] for a in arms if a["arm"].startswith("adaptive")] or fixed)
+    rows = summarize(grid(model, n_max, [float(x) for x in args.levels.split(",")], fixed, n_predict=args.n_predict,
+                          generations=args.generations, rounds=args.rounds))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        arms_txt = " ".join(f"{a}={ms:.2f}" for a, ms in r["ms_per_token"].items())
+        print(f"p={r['level']:.2f}  {arms_txt}  adaptive {r['adaptive_x_plain']:.2f}x plain, "
+              f"{r['adaptive_x_best']:.2f}x best ({r['best_fixed']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

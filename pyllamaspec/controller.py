@@ -1,0 +1,96 @@
+"""The draft-length controller alone: the one a session runs natively, driven step by step from Python.
+
+No models: whoever drives it says what each step cost and what was accepted (an injected clock), and it chooses the
+next step's draft length per stream - the way tests and ``pyllamaspec.bench.replay`` exercise it against scripted
+acceptance and recorded costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from . import _native
+from .config import MAX_DRAFT
+from .errors import ConfigError
+
+DRAFTER_KINDS = {"model": 1, "autoregressive": 2, "block": 3, "ngram": 4}
+
+
+@dataclass
+class Observation:
+    """One step as the loop tells it: per stream, the draft length chosen, tokens drafted, accepted and caught up,
+    depth and whether it took part (lists of the controller's n_streams), and what the step cost in ms."""
+
+    k: Sequence[int]
+    drafted: Sequence[int]
+    accepted: Sequence[int]
+    depth: Sequence[int]
+    active: Sequence[int]
+    catchup: Sequence[int] | None = None
+    source: Sequence[int] | None = None  # 1: a free draft (an n-gram match beside a draft model)
+    t_draft_first: float = 0.0
+    t_draft_rest: float = 0.0
+    draft_iters: int = 0
+    t_draft_call: float = 0.0
+    t_target: float = 0.0
+    t_step: float = 0.0
+
+
+class Controller:
+    def __init__(self, n_max: int, n_streams: int = 1, kind: str = "model", adaptive: bool = True, seed: int = 1) -> None:
+        if kind not in DRAFTER_KINDS:
+            raise ConfigError(f"kind={kind!r} must be one of {', '.join(DRAFTER_KINDS)}")
+        if not 0 <= n_max <= MAX_DRAFT:
+            raise ConfigError(f"n_max={n_max} must be within 0..{MAX_DRAFT}")
+        self.n_max, self.n_streams = n_max, n_streams
+        self._ffi, self._lib = _native.load()
+        ffi = self._ffi
+        p = ffi.new("pls_controller_params *")
+        p.n_max, p.n_streams, p.drafter_kind, p.adaptive, p.seed = n_max, n_streams, DRAFTER_KINDS[kind], int(adaptive), seed
+        slot = ffi.new("pls_controller **")
+        err = _native.ErrorBuffer(ffi)
+        _native.check(self._lib.pls_controller_new(p, slot, err.buf, err.SIZE), err)
+        self._ctl = ffi.gc(slot[0], self._lib.pls_controller_free)
+        self._k = ffi.new("int32_t[]", n_streams)
+
+    def _ints(self, values: Sequence[int] | None, default: int = 0):
+        return self._ffi.new("int32_t[]", list(values) if values is not None else [default] * self.n_streams)
+
+    def choose(self, caps: Sequence[int], depth: Sequence[int], active: Sequence[int] | None = None,
+               pending: Sequence[int] | None = None, free: Sequence[int] | None = None) -> list[int]:
+        """Each stream's draft length for the next step (caps bound them; pending: tokens a draft model would catch
+        up first; free: the length of a draft that exists at no cost, an n-gram match)."""
+        rc = self._lib.pls_controller_choose(self._ctl, self._ints(caps), self._ints(depth), self._ints(active, 1),
+                                            self._ints(pending), self._ints(free), self._k)
+        if rc != 0:
+            raise ConfigError(f"pls_controller_choose failed ({rc})")
+        return list(self._k[0:self.n_streams])
+
+    def observe(self, o: Observation) -> None:
+        ffi = self._ffi
+        obs = ffi.new("pls_step_observation *")
+        keep = [self._ints(v) for v in (o.k, o.drafted, o.accepted, o.catchup, o.depth, o.active, o.source)]
+        obs.n_streams = self.n_streams
+        obs.k, obs.n_drafted, obs.n_accepted, obs.n_catchup, obs.depth, obs.active, obs.source = keep
+        obs.t_draft_first_ms, obs.t_draft_rest_ms, obs.n_draft_iters = o.t_draft_first, o.t_draft_rest, o.draft_iters
+        obs.t_draft_call_ms, obs.t_target_ms, obs.t_step_ms = o.t_draft_call, o.t_target, o.t_step
+        if self._lib.pls_controller_observe(self._ctl, obs) != 0:
+            raise ConfigError("pls_controller_observe refused the observation")
+
+    def reset_stream(self, stream: int = 0) -> None:
+        """A new prompt in the stream: its acceptance history goes, costs stay."""
+        if self._lib.pls_controller_reset_stream(self._ctl, stream) != 0:
+            raise ConfigError(f"no stream {stream}")
+
+    def info(self):
+        """pls_adaptive_info: the costs and acceptance it has learnt (native struct)."""
+        o = self._ffi.new("pls_adaptive_info *")
+        self._lib.pls_controller_info(self._ctl, o)
+        return o
+
+    def stats(self):
+        """pls_stats with its counters: k_hist, n_probes, n_guard, est_plain_ms (native struct)."""
+        o = self._ffi.new("pls_stats *")
+        self._lib.pls_controller_stats(self._ctl, o)
+        return o
