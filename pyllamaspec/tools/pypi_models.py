@@ -151,6 +151,11 @@ def fetch(name: str, quiet: bool = False) -> Path:
     return target
 
 
+def _looks_like_a_path(spec: str) -> bool:
+    """owner/name whose owner is a folder here (e.g. models/draft) means a file, not a hub repo."""
+    return spec.startswith((".", "~")) or Path(spec.split("/")[0]).expanduser().is_dir()
+
+
 def resolve(spec: str) -> Path:
     """A model argument: an existing path, a catalog name, or a Hugging Face model as owner/repo (its one GGUF)
     or owner/repo:FILE_PATTERN (e.g. owner/repo:model-Q4_0.gguf), fetched through the download module."""
@@ -161,6 +166,9 @@ def resolve(spec: str) -> Path:
         return fetch(spec)
     repo, colon, pattern = spec.partition(":")
     is_repo = repo.count("/") == 1 and all(repo.split("/"))
+    if is_repo and not colon and _looks_like_a_path(repo):
+        raise DownloadError(f"no such file: '{spec}' (its folder '{repo.split('/')[0]}' is here, so it is taken for "
+                            f"a path). To fetch the Hugging Face model {repo} instead, write {repo}:FILE.gguf")
     if is_repo and (colon or not repo.endswith(".gguf")):
         from .download import download  # Hugging Face; only imported when needed
 
