@@ -17,9 +17,11 @@ from typing import Callable, Iterator, Sequence
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
 from .config import INT32_MAX, KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
-from .errors import ConfigError, GenerationError, SessionBusyError
+from .errors import ConfigError, GenerationError, ParamError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
 from .model import Model, token_bytes, tokenize
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 # how the controller prices a draft (PLS_DRAFTER_*)
 DRAFTER_KINDS = {value: name.removeprefix("PLS_DRAFTER_").lower().replace("_", " ").replace("ngram", "n-gram")
@@ -631,12 +633,17 @@ class SpecSession:
                   "min_p": c.min_p if min_p is None else min_p, "p_min": -1.0 if p_min is None else p_min}
         for name, v in values.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise ConfigError(f"{name} must be a finite number, not {v!r}")
+                raise ParamError(name, f"{name} must be a finite number, not {v!r}")
+            if abs(v) > FLOAT32_MAX:  # the native side holds a float: 1e308 would become inf there
+                raise ParamError(name, f"{name}={v!r} is out of range (at most {FLOAT32_MAX:.4g} in magnitude)")
         ints = {"top_k": c.top_k if top_k is None else top_k, "seed": c.seed if seed is None else seed,
                 "n_max": -1 if n_max is None else n_max, "n_min": -1 if n_min is None else n_min}
         for name, v in ints.items():
             if not isinstance(v, int) or isinstance(v, bool):
-                raise ConfigError(f"{name} must be an int, not {v!r}")
+                raise ParamError(name, f"{name} must be an int, not {v!r}")
+        for name, given in (("n_max", n_max), ("n_min", n_min)):
+            if given is not None and given < 0:  # -1 inside means "the session's"; a caller gives 0..MAX_DRAFT
+                raise ParamError(name, f"{name}={given} must be >= 0 (leave it None for the session's)")
         if not 0 <= ints["seed"] <= 0xFFFFFFFF:
             raise ConfigError(f"seed={ints['seed']} must fit in 32 bits")
         if ints["n_max"] > MAX_DRAFT or ints["n_min"] > MAX_DRAFT or ints["top_k"] > 2 ** 30:
