@@ -32,6 +32,7 @@ DEFAULT_N_MAX = 8
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 UINT16_MAX = 2 ** 16 - 1
 UINT32_MAX = 2 ** 32 - 1
+MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: more aborts in its thread pool
 
 
 def _check_int(owner: str, name: str, value: Any, lo: int = INT32_MIN, hi: int = INT32_MAX,
@@ -208,7 +209,7 @@ class SessionConfig:
             raise ConfigError(f"n_batch={self.n_batch} must be >= n_ubatch={self.n_ubatch}")
         _check_int(owner, "n_parallel", self.n_parallel, 1, MAX_STREAMS)
         for name in ("n_threads", "n_threads_batch", "n_threads_draft"):
-            _check_int(owner, name, getattr(self, name), 0, hint=" (0: the CPU cores useful for math)")
+            _check_int(owner, name, getattr(self, name), 0, MAX_THREADS, hint=" (0: the CPU cores useful for math)")
         for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
             _check_choice(owner, name, getattr(self, name), tuple(KV_CACHE_TYPES))
         _check_bool(owner, "flash_attn", self.flash_attn, optional=True)
