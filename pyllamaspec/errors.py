@@ -21,6 +21,10 @@ class ConfigError(PyllamaspecError, ValueError):
     """A configuration value is out of range or contradicts another one."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A value of the wrong type (caught as ConfigError, ValueError or TypeError)."""
+
+
 class ParamError(ConfigError):
     """One named parameter is of the wrong value; `param` names it (as the API spells it)."""
 

@@ -257,7 +257,7 @@ def _worker_main() -> None:
 
         err = _native.ErrorBuffer(ffi)
         overrides = req["overrides"]
-        rc = lib.pls_quantize(req["input"].encode(), req["output"].encode(), req["ftype"], req["threads"],
+        rc = lib.pls_quantize(os.fsencode(req["input"]), os.fsencode(req["output"]), req["ftype"], req["threads"],
                               int(req["allow_requantize"]), overrides.encode() if overrides else ffi.NULL,
                               on_progress, ffi.NULL, err.buf, err.SIZE)
         os_errno = ffi.errno
