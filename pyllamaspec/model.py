@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import _native
+from . import _native, templateguard
 from .config import SPLIT_MODES, ModelConfig
 from .errors import ChatTemplateError, ConfigError, ConfigTypeError, ModelLoadError
 from .ggufinfo import check_model_file
@@ -283,6 +283,15 @@ class Model:
         cap = sum(len(m["content"].encode("utf-8")) for m in messages) * 2 + (len(template) if template else 0) + 8192
         n_out = ffi.new("int32_t *")
         err = _native.ErrorBuffer(ffi)
+        with self._use() as h:  # a template is a program: its first run here is in a child, under budgets
+            def probe(cap=cap):
+                out = ffi.new("char[]", cap)
+                rc = self._lib.pls_chat_format(h, tmpl, r_arr, c_arr, len(roles), int(add_generation_prompt),
+                                               thinking, out, cap, n_out, err.buf, err.SIZE)
+                return rc, err.text
+
+            which = "the given chat template" if template is not None else f"the chat template of '{self.path.name}'"
+            templateguard.check(int(ffi.cast("uintptr_t", h)), template, probe, which)
         for _ in range(3):
             buf = ffi.new("char[]", cap)
             with self._use() as h:
