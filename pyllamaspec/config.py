@@ -65,6 +65,13 @@ def _check_choice(owner: str, name: str, value: Any, choices: Sequence[str]) -> 
         raise ConfigError(f"{owner}.{name}={value!r}: use one of {', '.join(choices)}")
 
 
+def _plain_list(value: Any) -> Any:
+    """A one-dimensional numpy array as the list of Python numbers it holds; anything else unchanged."""
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    return value
+
+
 def _string_list(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
     """None, one string (comma-separated) or a sequence of strings -> a tuple of non-empty strings."""
     if value is None:
@@ -134,6 +141,7 @@ class ModelConfig:
         _check_bool(owner, "use_mmap", self.use_mmap)
         self.devices = _string_list(owner, "devices", self.devices)
         if self.tensor_split is not None:
+            self.tensor_split = _plain_list(self.tensor_split)
             if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
                 raise ConfigError(f"{owner}.tensor_split={self.tensor_split!r} must be a list of proportions")
             for i, x in enumerate(self.tensor_split):
@@ -230,6 +238,7 @@ class SessionConfig:
         _check_bool(owner, "adaptive", self.adaptive)
         _check_bool(owner, "cost_cache", self.cost_cache)
         if self.draft_schedule is not None:
+            self.draft_schedule = _plain_list(self.draft_schedule)
             if isinstance(self.draft_schedule, (str, bytes)) or not isinstance(self.draft_schedule, Sequence):
                 raise ConfigError(f"{owner}.draft_schedule={self.draft_schedule!r} must be a list of draft lengths")
             if not 1 <= len(self.draft_schedule) <= 16:
@@ -238,8 +247,9 @@ class SessionConfig:
                 _check_int(owner, f"draft_schedule[{i}]", k, 0, MAX_DRAFT)
             if self.adaptive:
                 raise ConfigError("draft_schedule fixes the draft lengths: use it with adaptive=False")
-            self.draft_schedule = tuple(self.draft_schedule)
+            self.draft_schedule = tuple(int(k) for k in self.draft_schedule)
         if self.synth_rates is not None:
+            self.synth_rates = _plain_list(self.synth_rates)
             if isinstance(self.synth_rates, (str, bytes)) or not isinstance(self.synth_rates, Sequence) \
                     or not 1 <= len(self.synth_rates) <= MAX_DRAFT:
                 raise ConfigError(f"{owner}.synth_rates: 1..{MAX_DRAFT} acceptance rates within 0..1")
