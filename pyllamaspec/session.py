@@ -667,9 +667,12 @@ class SpecSession:
             if given is not None and given < 0:  # -1 inside means "the session's"; a caller gives 0..MAX_DRAFT
                 raise ParamError(name, f"{name}={given} must be >= 0 (leave it None for the session's)")
         if not 0 <= ints["seed"] <= 0xFFFFFFFF:
-            raise ConfigError(f"seed={ints['seed']} must fit in 32 bits")
-        if ints["n_max"] > MAX_DRAFT or ints["n_min"] > MAX_DRAFT or ints["top_k"] > 2 ** 30:
-            raise ConfigError(f"n_max and n_min must be at most {MAX_DRAFT}")
+            raise ParamError("seed", f"seed={ints['seed']} must fit in 32 bits")
+        for name in ("n_max", "n_min"):
+            if ints[name] > MAX_DRAFT:
+                raise ParamError(name, f"{name}={ints[name]} must be at most {MAX_DRAFT}")
+        if not -2 ** 31 <= ints["top_k"] <= 2 ** 30:
+            raise ParamError("top_k", f"top_k={ints['top_k']} is out of range (<= 0: no top-k, at most {2 ** 30})")
         ffi = self._ffi
         p = ffi.new("pls_seq_params *")
         p.n_predict = n_predict

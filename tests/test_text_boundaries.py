@@ -84,6 +84,11 @@ def test_numpy_prompts_and_indices_are_accepted(dense_pair, target):
             s.submit([1, 2, 3], 4, n_max=-5)
         with pytest.raises(ConfigError, match="n_min=-2 must be >= 0"):
             s.submit([1, 2, 3], 4, n_min=-2)
+        for name, value in (("top_k", -2 ** 40), ("top_k", 2 ** 40), ("seed", 2 ** 40), ("n_max", 2 ** 40),
+                            ("temp", 1e308), ("min_p", -1e300)):
+            with pytest.raises(ConfigError, match=f"{name}=") as e:
+                s.submit([1, 2, 3], 4, **{name: value})
+            assert e.value.param == name
         with pytest.raises(TypeError, match="a slot is an int"):
             s.cancel("0")
         assert s.cancel(np.int64(2 ** 40)) is False
