@@ -128,3 +128,42 @@ def test_lone_surrogate_field_names_nested_fields():
     assert lone_surrogate_field(b'{"a": "\\\\ud800"}') is None  # an escaped backslash, then text
     assert lone_surrogate_field(b'{"a": "\\ud83d\\ude00"}') is None
     assert lone_surrogate_field(b"not json \\ud800") is None
+
+
+def test_a_request_the_shutdown_cancels_is_answered_503_not_a_bare_500():
+    import asyncio
+
+    from pyllamaspec.server.limits import RequestLimits
+
+    started = None
+    sent = []
+
+    async def stuck_app(scope, receive, send):  # a handler still tokenizing when the server cancels its task
+        await receive()
+        await asyncio.sleep(3600)
+
+    async def main():
+        nonlocal started
+        started = asyncio.Event()
+        messages = [{"type": "http.request", "body": b'{"prompt": "x"}', "more_body": False}]
+
+        async def receive():
+            if messages:
+                started.set()
+                return messages.pop()
+            await asyncio.sleep(3600)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+        task = asyncio.ensure_future(RequestLimits(stuck_app)(scope, receive, send))
+        await started.wait()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await task  # answered, not raised
+
+    asyncio.run(main())
+    assert sent[0]["status"] == 503
+    body = json.loads(sent[1]["body"])
+    assert body["error"]["type"] == "unavailable_error" and "shutting down" in body["error"]["message"]
