@@ -115,9 +115,18 @@ def token_id(value, n_vocab: int, what: str = "token id") -> int:
     return t
 
 
+def flag(value, name: str) -> int:
+    """A yes/no argument (bool, numpy bool, 0 or 1) as 0 or 1; ConfigTypeError otherwise."""
+    numpy_bool = getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0
+    if isinstance(value, bool) or numpy_bool or (isinstance(value, int) and value in (0, 1)):
+        return int(bool(value))
+    raise ConfigTypeError(f"{name} must be True or False, not {value!r}")
+
+
 def tokenize(ffi, lib, handle, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
     if not isinstance(text, str):
         raise ConfigTypeError(f"text to tokenize must be a str, not {type(text).__name__}")
+    add_special, parse_special = flag(add_special, "add_special"), flag(parse_special, "parse_special")
     data = encode_text(text, "the text to tokenize")
     cap = len(data) + 16
     for _ in range(2):
@@ -231,7 +240,7 @@ class Model:
             return tokenize(self._ffi, self._lib, h, text, add_special, parse_special)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        token = token_id(token, self.info.n_vocab)
+        token, special = token_id(token, self.info.n_vocab), flag(special, "special")
         with self._use() as h:
             return token_bytes(self._ffi, self._lib, h, token, special)
 
@@ -244,6 +253,7 @@ class Model:
         except TypeError:
             raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
         ids = [token_id(t, self.info.n_vocab) for t in items]
+        special = flag(special, "special")
         with self._use() as h:
             return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in ids).decode("utf-8", "replace")
 
@@ -279,7 +289,8 @@ class Model:
         r_arr = ffi.new("char *[]", roles) if roles else ffi.NULL
         c_arr = ffi.new("char *[]", contents) if contents else ffi.NULL
         tmpl = ffi.new("char[]", template.encode("utf-8")) if template is not None else ffi.NULL
-        thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+        thinking = -1 if enable_thinking is None else flag(enable_thinking, "enable_thinking")
+        add_generation_prompt = flag(add_generation_prompt, "add_generation_prompt")
         cap = sum(len(m["content"].encode("utf-8")) for m in messages) * 2 + (len(template) if template else 0) + 8192
         n_out = ffi.new("int32_t *")
         err = _native.ErrorBuffer(ffi)

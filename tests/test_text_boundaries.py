@@ -126,3 +126,13 @@ def test_a_chat_template_file_is_size_capped_and_utf8(tmp_path):
     ok = tmp_path / "ok.jinja"
     ok.write_text("{{ messages[0].content }}")
     assert read_text_file(ok, "chat template file", MAX_TEMPLATE_BYTES) == "{{ messages[0].content }}"
+
+
+def test_yes_no_arguments_are_bools_not_anything_truthy(target):
+    for call in (lambda v: target.tokenize("x", add_special=v), lambda v: target.token_bytes(1, v),
+                 lambda v: target.apply_chat_template([{"role": "user", "content": "x"}], template="chatml",
+                                                      add_generation_prompt=v)):
+        for bad in (2 ** 40, "yes", None, 1.5):
+            with pytest.raises(TypeError, match="must be True or False"):
+                call(bad)
+    assert target.tokenize("x", add_special=np.bool_(False)) == target.tokenize("x", add_special=False)
