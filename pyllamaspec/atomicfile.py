@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,6 +81,13 @@ def atomic_output(out: str | os.PathLike, *, force: bool = False,
         raise error(f"output directory '{out_dir}' does not exist")
     if out.is_dir():
         raise error(f"output '{out}' is a directory; give a file name")
+    try:
+        mode = os.lstat(out).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        what = "a symbolic link" if stat.S_ISLNK(mode) else "a device or other special file"
+        raise error(f"output '{out}' is {what}, not a regular file; refusing to replace it (give a file name)")
     if out.exists() and not force:
         raise error(f"output '{out}' already exists; pass --force to overwrite it")
     remove_stale_partials(out)
@@ -96,6 +104,12 @@ def atomic_output(out: str | os.PathLike, *, force: bool = False,
         yield tmp
         _fsync_path(tmp)
         if force:
+            try:
+                mode = os.lstat(out).st_mode
+            except OSError:
+                mode = None
+            if mode is not None and not stat.S_ISREG(mode):  # appeared while writing
+                raise error(f"output '{out}' became a non-regular file while writing; refusing to replace it")
             os.replace(tmp, out)
         else:
             try:

@@ -32,6 +32,7 @@ DEFAULT_N_MAX = 8
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 UINT16_MAX = 2 ** 16 - 1
 UINT32_MAX = 2 ** 32 - 1
+MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: more aborts in its thread pool
 
 
 def _check_int(owner: str, name: str, value: Any, lo: int = INT32_MIN, hi: int = INT32_MAX,
@@ -62,6 +63,13 @@ def _check_bool(owner: str, name: str, value: Any, optional: bool = False) -> No
 def _check_choice(owner: str, name: str, value: Any, choices: Sequence[str]) -> None:
     if not isinstance(value, str) or value.lower() not in choices:
         raise ConfigError(f"{owner}.{name}={value!r}: use one of {', '.join(choices)}")
+
+
+def _plain_list(value: Any) -> Any:
+    """A one-dimensional numpy array as the list of Python numbers it holds; anything else unchanged."""
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    return value
 
 
 def _string_list(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
@@ -133,6 +141,7 @@ class ModelConfig:
         _check_bool(owner, "use_mmap", self.use_mmap)
         self.devices = _string_list(owner, "devices", self.devices)
         if self.tensor_split is not None:
+            self.tensor_split = _plain_list(self.tensor_split)
             if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
                 raise ConfigError(f"{owner}.tensor_split={self.tensor_split!r} must be a list of proportions")
             for i, x in enumerate(self.tensor_split):
@@ -211,7 +220,7 @@ class SessionConfig:
             raise ConfigError(f"n_batch={self.n_batch} must be >= n_ubatch={self.n_ubatch}")
         _check_int(owner, "n_parallel", self.n_parallel, 1, MAX_STREAMS)
         for name in ("n_threads", "n_threads_batch", "n_threads_draft"):
-            _check_int(owner, name, getattr(self, name), 0, hint=" (0: the CPU cores useful for math)")
+            _check_int(owner, name, getattr(self, name), 0, MAX_THREADS, hint=" (0: the CPU cores useful for math)")
         for name in ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft"):
             _check_choice(owner, name, getattr(self, name), tuple(KV_CACHE_TYPES))
         _check_bool(owner, "flash_attn", self.flash_attn, optional=True)
@@ -232,6 +241,7 @@ class SessionConfig:
         _check_bool(owner, "adaptive", self.adaptive)
         _check_bool(owner, "cost_cache", self.cost_cache)
         if self.draft_schedule is not None:
+            self.draft_schedule = _plain_list(self.draft_schedule)
             if isinstance(self.draft_schedule, (str, bytes)) or not isinstance(self.draft_schedule, Sequence):
                 raise ConfigError(f"{owner}.draft_schedule={self.draft_schedule!r} must be a list of draft lengths")
             if not 1 <= len(self.draft_schedule) <= MAX_SCHEDULE:
@@ -240,8 +250,9 @@ class SessionConfig:
                 _check_int(owner, f"draft_schedule[{i}]", k, 0, MAX_DRAFT)
             if self.adaptive:
                 raise ConfigError("draft_schedule fixes the draft lengths: use it with adaptive=False")
-            self.draft_schedule = tuple(self.draft_schedule)
+            self.draft_schedule = tuple(int(k) for k in self.draft_schedule)
         if self.synth_rates is not None:
+            self.synth_rates = _plain_list(self.synth_rates)
             if isinstance(self.synth_rates, (str, bytes)) or not isinstance(self.synth_rates, Sequence) \
                     or not 1 <= len(self.synth_rates) <= MAX_DRAFT:
                 raise ConfigError(f"{owner}.synth_rates: 1..{MAX_DRAFT} acceptance rates within 0..1")

@@ -21,6 +21,18 @@ class ConfigError(PyllamaspecError, ValueError):
     """A configuration value is out of range or contradicts another one."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A value of the wrong type (caught as ConfigError, ValueError or TypeError)."""
+
+
+class ParamError(ConfigError):
+    """One named parameter is of the wrong value; `param` names it (as the API spells it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class ChatTemplateError(ConfigError):
     """A model has no chat template, or the template cannot be parsed or rendered for these messages."""
 
@@ -43,6 +55,11 @@ class ContextOverflowError(PyllamaspecError):
 
 class GenerationError(PyllamaspecError):
     """The native loop failed while decoding, or the session cannot generate now (closed)."""
+
+
+class ForkedProcessError(GenerationError):
+    """A model or session opened before os.fork() is used in the child process, where its native state
+    (threads, device contexts) does not exist."""
 
 
 class SessionBusyError(GenerationError):

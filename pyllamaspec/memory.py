@@ -54,15 +54,16 @@ class MemoryEstimate:
             if d.is_host and host and d.context + d.compute + headroom > host:
                 raise MemoryBudgetError(
                     f"host memory: the KV cache and compute buffers need {(d.context + d.compute) / MiB:.0f} MiB "
-                    f"(KV+ring {d.context / MiB:.0f}, compute {d.compute / MiB:.0f}) but {host / MiB:.0f} MiB are "
-                    f"available. Lower n_ctx or n_parallel, or quantize the KV cache (-ctk/-ctv q8_0)")
+                    f"(KV+ring {d.context / MiB:.0f}, compute {d.compute / MiB:.0f}) plus a safety margin of "
+                    f"{headroom / MiB:.0f} MiB, but {host / MiB:.0f} MiB are available. Lower n_ctx or n_parallel, "
+                    f"or quantize the KV cache (-ctk/-ctv q8_0); --no-memory-check skips this estimate")
         if short:
             lines = "; ".join(
                 f"{d.name} needs {d.need / MiB:.0f} MiB (weights {d.model / MiB:.0f}, KV+ring {d.context / MiB:.0f}, "
                 f"compute {d.compute / MiB:.0f}) but has {d.free / MiB:.0f} MiB free" for d in short)
             raise MemoryBudgetError(
-                f"{lines}. Lower n_ctx, the draft length (the recurrent ring grows with it), the number of GPU "
-                f"layers (-ngl), or move MoE experts to the CPU (--n-cpu-moe)")
+                f"{lines}, and {headroom / MiB:.0f} MiB are kept free as a safety margin. Lower n_ctx, the draft length (the recurrent ring grows with it), the number of GPU "
+                f"layers (-ngl), or move MoE experts to the CPU (--n-cpu-moe); --no-memory-check skips this estimate")
 
     def to_dict(self) -> dict:
         return {"devices": [dict(asdict(d), need=d.need) for d in self.devices],

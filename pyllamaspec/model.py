@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import _native
+from . import _native, templateguard
 from .config import SPLIT_MODES, ModelConfig
-from .errors import ChatTemplateError, ConfigError, ModelLoadError
+from .errors import ChatTemplateError, ConfigError, ConfigTypeError, ModelLoadError
 from .ggufinfo import check_model_file
 
 
@@ -54,7 +55,7 @@ def native_model_params(ffi, path: Path, config: ModelConfig):
     def cstr(s: str | None):
         if s is None:
             return ffi.NULL
-        b = ffi.new("char[]", s.encode())
+        b = ffi.new("char[]", os.fsencode(s))  # a path of any bytes, as the command line gave it
         keep.append(b)
         return b
 
@@ -87,10 +88,46 @@ def token_bytes(ffi, lib, handle, token: int, special: bool = False) -> bytes:
     return bytes(ffi.buffer(buf, n))
 
 
+def encode_text(text: str, what: str) -> bytes:
+    """UTF-8 of `text`; a lone surrogate (bytes that were not UTF-8 on the command line, or an unpaired
+    \\ud800-\\udfff escape) is a ConfigError naming `what` and where, not a UnicodeEncodeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        if 0xDC80 <= ord(bad) <= 0xDCFF:  # how Python keeps a byte that was not UTF-8 (surrogateescape)
+            detail = f"byte 0x{ord(bad) - 0xDC00:02x} at character {e.start} is not UTF-8"
+        else:
+            detail = f"a lone surrogate U+{ord(bad):04X} at character {e.start} is not text"
+        raise ConfigError(f"{what} is not valid Unicode: {detail}") from None
+
+
+def token_id(value, n_vocab: int, what: str = "token id") -> int:
+    """A token id (Python or numpy integer) within the vocabulary, as an int; ConfigError otherwise."""
+    if isinstance(value, bool):
+        raise ConfigTypeError(f"{what} {value!r} is a bool, not a token id")
+    try:
+        t = operator.index(value)
+    except TypeError:
+        raise ConfigTypeError(f"{what} {value!r} is not an integer") from None
+    if not 0 <= t < n_vocab:
+        raise ConfigError(f"{what} {t} is outside the vocabulary (0..{n_vocab - 1})")
+    return t
+
+
+def flag(value, name: str) -> int:
+    """A yes/no argument (bool, numpy bool, 0 or 1) as 0 or 1; ConfigTypeError otherwise."""
+    numpy_bool = getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0
+    if isinstance(value, bool) or numpy_bool or (isinstance(value, int) and value in (0, 1)):
+        return int(bool(value))
+    raise ConfigTypeError(f"{name} must be True or False, not {value!r}")
+
+
 def tokenize(ffi, lib, handle, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
     if not isinstance(text, str):
-        raise ConfigError(f"text to tokenize must be a str, not {type(text).__name__}")
-    data = text.encode("utf-8")
+        raise ConfigTypeError(f"text to tokenize must be a str, not {type(text).__name__}")
+    add_special, parse_special = flag(add_special, "add_special"), flag(parse_special, "parse_special")
+    data = encode_text(text, "the text to tokenize")
     cap = len(data) + 16
     for _ in range(2):
         out = ffi.new("int32_t[]", cap)
@@ -180,12 +217,17 @@ class Model:
 
     def meta(self, key: str) -> str | None:
         """A metadata value as text, of any length; None when the key is absent."""
+        if not isinstance(key, str):
+            raise ConfigTypeError(f"a metadata key is a str, not {type(key).__name__}")
+        if "\0" in key:
+            raise ConfigError("a metadata key cannot contain a NUL character")
+        ckey = encode_text(key, "the metadata key")
         size = 4096
         for _ in range(2):
             buf = self._ffi.new("char[]", size)
             # the value's length, -1 when absent, or -(length + 1) when buf cannot hold it and its terminator
             with self._use() as h:
-                n = self._lib.pls_model_meta(h, key.encode(), buf, size)
+                n = self._lib.pls_model_meta(h, ckey, buf, size)
             if n >= 0:
                 return bytes(self._ffi.buffer(buf, n)).decode("utf-8", "replace")
             if n == -1:
@@ -198,14 +240,25 @@ class Model:
             return tokenize(self._ffi, self._lib, h, text, add_special, parse_special)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
+        token, special = token_id(token, self.info.n_vocab), flag(special, "special")
         with self._use() as h:
             return token_bytes(self._ffi, self._lib, h, token, special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """The text of token ids (a list, or a numpy array); an id outside the vocabulary is a ConfigError."""
+        if isinstance(tokens, (str, bytes, bytearray)):
+            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}")
+        try:
+            items = list(tokens)
+        except TypeError:
+            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
+        ids = [token_id(t, self.info.n_vocab) for t in items]
+        special = flag(special, "special")
         with self._use() as h:
-            return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in tokens).decode("utf-8", "replace")
+            return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in ids).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
+        token = token_id(token, self.info.n_vocab)
         with self._use() as h:
             return bool(self._lib.pls_token_is_eog(h, token))
 
@@ -227,17 +280,29 @@ class Model:
             for field in ("role", "content"):
                 if "\0" in m[field]:
                     raise ConfigError(f"message {i}: its {field} contains a NUL character")
-            roles.append(ffi.new("char[]", m["role"].encode("utf-8")))
-            contents.append(ffi.new("char[]", m["content"].encode("utf-8")))
+            roles.append(ffi.new("char[]", encode_text(m["role"], f"message {i}: its role")))
+            contents.append(ffi.new("char[]", encode_text(m["content"], f"message {i}: its content")))
         if template is not None and (not isinstance(template, str) or "\0" in template or not template.strip()):
             raise ConfigError("template must be non-empty Jinja source text")
+        if template is not None:
+            encode_text(template, "the chat template")
         r_arr = ffi.new("char *[]", roles) if roles else ffi.NULL
         c_arr = ffi.new("char *[]", contents) if contents else ffi.NULL
         tmpl = ffi.new("char[]", template.encode("utf-8")) if template is not None else ffi.NULL
-        thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+        thinking = -1 if enable_thinking is None else flag(enable_thinking, "enable_thinking")
+        add_generation_prompt = flag(add_generation_prompt, "add_generation_prompt")
         cap = sum(len(m["content"].encode("utf-8")) for m in messages) * 2 + (len(template) if template else 0) + 8192
         n_out = ffi.new("int32_t *")
         err = _native.ErrorBuffer(ffi)
+        with self._use() as h:  # a template is a program: its first run here is in a child, under budgets
+            def probe(cap=cap):
+                out = ffi.new("char[]", cap)
+                rc = self._lib.pls_chat_format(h, tmpl, r_arr, c_arr, len(roles), int(add_generation_prompt),
+                                               thinking, out, cap, n_out, err.buf, err.SIZE)
+                return rc, err.text
+
+            which = "the given chat template" if template is not None else f"the chat template of '{self.path.name}'"
+            templateguard.check(int(ffi.cast("uintptr_t", h)), template, probe, which)
         for _ in range(3):
             buf = ffi.new("char[]", cap)
             with self._use() as h:

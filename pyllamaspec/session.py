@@ -10,6 +10,7 @@ target batch.
 from __future__ import annotations
 
 import codecs
+import operator
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -18,9 +19,11 @@ from typing import Callable, Iterator, Sequence
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
 from .config import INT32_MAX, KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
-from .errors import ConfigError, GenerationError, SessionBusyError
+from .errors import ConfigError, ConfigTypeError, GenerationError, ParamError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
-from .model import Model, token_bytes, tokenize
+from .model import Model, token_bytes, token_id, tokenize
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 # how the controller prices a draft (PLS_DRAFTER_*)
 DRAFTER_KINDS = {value: name.removeprefix("PLS_DRAFTER_").lower().replace("_", " ").replace("ngram", "n-gram")
@@ -393,7 +396,14 @@ class SpecSession:
             return tokenize(self._ffi, self._lib, self._model_ptr, text, add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", "replace")
+        if isinstance(tokens, (str, bytes, bytearray)):
+            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}")
+        try:
+            items = list(tokens)
+        except TypeError:
+            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
+        ids = [token_id(t, self.target.info.n_vocab) for t in items]
+        return b"".join(self._token_bytes(t) for t in ids).decode("utf-8", "replace")
 
     def _token_bytes(self, token: int) -> bytes:
         with self._handle.use():
@@ -416,7 +426,13 @@ class SpecSession:
         if not tokens:
             raise ConfigError("the prompt is empty")
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in tokens):
-            raise ConfigError("a prompt is a string or a sequence of token ids (32-bit ints within the vocabulary)")
+            try:  # numpy integers (a prompt given as an array) are token ids too
+                tokens = [operator.index(t) if not isinstance(t, bool) else None for t in tokens]
+            except TypeError:
+                tokens = [None]
+            if not all(t is not None and 0 <= t <= INT32_MAX for t in tokens):
+                raise ConfigError("a prompt is a string or a sequence of token ids (32-bit ints within the "
+                                  "vocabulary)")
         return tokens
 
     @staticmethod
@@ -450,6 +466,14 @@ class SpecSession:
         them tokens_per_second) are the session's wall times: a stream's share of the joint throughput."""
         s = self._ffi.new("pls_stats *")
         shared = self._ffi.new("pls_stats *")
+        try:
+            index = operator.index(index) if not isinstance(index, bool) else None
+        except TypeError:
+            index = None
+        if index is None:
+            raise ConfigTypeError("a stream index is an int")
+        if not 0 <= index <= INT32_MAX:
+            raise ConfigError(f"no stream {index} in the last generation")
         with self._handle.use() as h:
             if self._lib.pls_get_stream_stats(h, index, s) != 0:
                 raise ConfigError(f"no stream {index} in the last generation")
@@ -665,16 +689,24 @@ class SpecSession:
                   "min_p": c.min_p if min_p is None else min_p, "p_min": -1.0 if p_min is None else p_min}
         for name, v in values.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise ConfigError(f"{name} must be a finite number, not {v!r}")
+                raise ParamError(name, f"{name} must be a finite number, not {v!r}")
+            if abs(v) > FLOAT32_MAX:  # the native side holds a float: 1e308 would become inf there
+                raise ParamError(name, f"{name}={v!r} is out of range (at most {FLOAT32_MAX:.4g} in magnitude)")
         ints = {"top_k": c.top_k if top_k is None else top_k, "seed": c.seed if seed is None else seed,
                 "n_max": -1 if n_max is None else n_max, "n_min": -1 if n_min is None else n_min}
         for name, v in ints.items():
             if not isinstance(v, int) or isinstance(v, bool):
-                raise ConfigError(f"{name} must be an int, not {v!r}")
+                raise ParamError(name, f"{name} must be an int, not {v!r}")
+        for name, given in (("n_max", n_max), ("n_min", n_min)):
+            if given is not None and given < 0:  # -1 inside means "the session's"; a caller gives 0..MAX_DRAFT
+                raise ParamError(name, f"{name}={given} must be >= 0 (leave it None for the session's)")
         if not 0 <= ints["seed"] <= 0xFFFFFFFF:
-            raise ConfigError(f"seed={ints['seed']} must fit in 32 bits")
-        if ints["n_max"] > MAX_DRAFT or ints["n_min"] > MAX_DRAFT or ints["top_k"] > 2 ** 30:
-            raise ConfigError(f"n_max and n_min must be at most {MAX_DRAFT}")
+            raise ParamError("seed", f"seed={ints['seed']} must fit in 32 bits")
+        for name in ("n_max", "n_min"):
+            if ints[name] > MAX_DRAFT:
+                raise ParamError(name, f"{name}={ints[name]} must be at most {MAX_DRAFT}")
+        if not -2 ** 31 <= ints["top_k"] <= 2 ** 30:
+            raise ParamError("top_k", f"top_k={ints['top_k']} is out of range (<= 0: no top-k, at most {2 ** 30})")
         ffi = self._ffi
         p = ffi.new("pls_seq_params *")
         p.n_predict = n_predict
@@ -689,8 +721,14 @@ class SpecSession:
 
     def cancel(self, slot: int) -> bool:
         """End a submitted sequence at the next step (any thread). False if the slot holds no sequence."""
-        if not isinstance(slot, int) or isinstance(slot, bool):
-            raise ConfigError(f"a slot is an int, not {slot!r}")
+        try:
+            slot = operator.index(slot) if not isinstance(slot, bool) else None
+        except TypeError:
+            slot = None
+        if slot is None:
+            raise ConfigTypeError("a slot is an int") from None
+        if not 0 <= slot <= INT32_MAX:
+            return False  # no such slot
         with self._handle.use() as h:
             return self._lib.pls_seq_cancel(h, slot) == 0
 

@@ -89,3 +89,34 @@ def test_valid_values_pass_and_are_normalised() -> None:
 def test_model_config_refuses_what_the_loader_cannot_take(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**kwargs)
+
+
+def test_numpy_scalars_and_arrays_are_taken_where_numbers_and_lists_are(dense_pair):
+    import numpy as np
+
+    from pyllamaspec import Model, SpecSession
+    from pyllamaspec.config import ModelConfig
+
+    m = ModelConfig(tensor_split=np.array([1.0, 3.0]), n_gpu_layers=np.int32(0))
+    assert m.tensor_split == (1.0, 3.0) and all(type(x) is float for x in m.tensor_split)
+    c = SessionConfig(n_ctx=np.int64(256), n_threads=np.int16(1), adaptive=False, spec_types="draft-simple",
+                      draft_schedule=np.array([2, 3]))
+    assert c.draft_schedule == (2, 3) and all(type(k) is int for k in c.draft_schedule)
+    assert SessionConfig(synth_rates=np.array([0.9, 0.5])).synth_rates == (0.9, 0.5)
+    with pytest.raises(ConfigError, match=r"n_ctx=.*256\.0.* must be an integer"):
+        SessionConfig(n_ctx=np.float64(256))
+    with pytest.raises(ConfigError, match="draft_schedule"):
+        SessionConfig(adaptive=False, draft_schedule=np.array([[1, 2]]))
+    target, _ = dense_pair
+    with Model(target, n_gpu_layers=np.int64(0)) as model, \
+            SpecSession(model, None, SessionConfig(spec_types=[], n_ctx=np.int64(256), n_threads=np.int64(1))) as s:
+        assert len(s.generate(np.array([1, 2, 3]), 4).tokens) == 4
+
+
+def test_thread_counts_beyond_what_llama_cpp_takes_are_refused():
+    from pyllamaspec.config import MAX_THREADS
+
+    for name in ("n_threads", "n_threads_batch", "n_threads_draft"):
+        with pytest.raises(ConfigError, match=rf"{name}=2147483647 must be within 0..{MAX_THREADS}"):
+            SessionConfig(**{name: 2 ** 31 - 1})
+    assert SessionConfig(n_threads=MAX_THREADS).n_threads == MAX_THREADS

@@ -281,3 +281,149 @@ def test_model_argument_that_is_nothing_known(tmp_path: Path) -> None:
 
     with pytest.raises(DownloadError, match="not a file here.*owner/repo:FILE.gguf"):
         pypi_models.resolve(str(tmp_path / "missing" / "model.gguf"))
+
+
+# -- a copy already under --local-dir is never lost -------------------------------------------------------
+
+
+def _local_dir_with_old_copy(session: HubSession, tmp_path: Path, new: HubFile) -> tuple[Path, bytes]:
+    """local_dir holding an old version of GGUF_NAME (fetched from the hub), the hub now serving `new`."""
+    old = payload(6_000, seed=7)
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(old)}
+    local_dir = tmp_path / "models"
+    dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+    session.hub.repos[REPO] = {GGUF_NAME: new}
+    session.hub.log.clear()
+    return local_dir, old
+
+
+def test_a_failed_download_over_a_local_dir_copy_keeps_the_old_file(session: HubSession, tmp_path: Path) -> None:
+    local_dir, old = _local_dir_with_old_copy(session, tmp_path, HubFile(payload(9_000, seed=8),
+                                                                          published_sha256="cd" * 32))
+
+    with pytest.raises(DownloadError, match="sha256 mismatch"):
+        dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+
+    assert session.hub.requests_for(GGUF_NAME), "the new version was transferred"
+    assert (local_dir / GGUF_NAME).read_bytes() == old  # intact, byte for byte
+    # the process is still usable: once the hub serves good bytes, the new version replaces the old
+    new = payload(9_000, seed=8)
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(new)}
+    (path,) = dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+    assert path == (local_dir / GGUF_NAME).resolve() and path.read_bytes() == new
+    # ...and a further call finds it current and transfers nothing
+    session.hub.log.clear()
+    assert dl.download(REPO, [GGUF_NAME], local_dir=local_dir) == [path]
+    assert session.hub.requests_for(GGUF_NAME) == []
+    assert [p.name for p in local_dir.iterdir() if p.is_file()] == [GGUF_NAME]
+
+
+def test_a_download_the_hub_cannot_serve_keeps_the_local_dir_copy(session: HubSession, tmp_path: Path) -> None:
+    local_dir, old = _local_dir_with_old_copy(session, tmp_path, HubFile(payload(100), resolvable=False))
+
+    with pytest.raises(DownloadError, match="does not exist"):
+        dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+
+    assert (local_dir / GGUF_NAME).read_bytes() == old
+
+
+def test_a_local_dir_copy_is_replaced_only_by_a_complete_new_one(session: HubSession, tmp_path: Path) -> None:
+    new = payload(3 * CUT_AT, seed=9)
+    local_dir, old = _local_dir_with_old_copy(session, tmp_path, HubFile(new))
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):  # the old copy is still whole when the new one is renamed over it
+        if Path(dst) == local_dir / GGUF_NAME:
+            seen.append((Path(dst).read_bytes() == old, Path(src).read_bytes() == new))
+        return real_replace(src, dst)
+
+    session.monkeypatch.setattr(dl.os, "replace", replace)
+    (path,) = dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+
+    assert seen == [(True, True)]
+    assert path.read_bytes() == new
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_download_refuses_to_replace_what_is_not_a_regular_file(session: HubSession, tmp_path: Path,
+                                                                  kind: str) -> None:
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(payload(100))}
+    local_dir = tmp_path / "models"
+    local_dir.mkdir()
+    dest = local_dir / GGUF_NAME
+    target = tmp_path / "elsewhere.gguf"
+    target.write_bytes(b"keep me")
+    if kind == "directory":
+        dest.mkdir()
+    elif kind == "symlink":
+        dest.symlink_to(target)
+    else:
+        os.mkfifo(dest)
+
+    with pytest.raises(DownloadError, match=f"is (a directory|a symbolic link|not a regular file); refusing"):
+        dl.download(REPO, [GGUF_NAME], local_dir=local_dir)
+
+    assert target.read_bytes() == b"keep me"
+    assert os.path.lexists(dest) and not (kind != "symlink" and dest.is_file())
+    assert session.hub.requests_for(GGUF_NAME) == []
+
+
+def test_a_hub_file_name_leading_outside_the_folder_is_refused(session: HubSession, tmp_path: Path) -> None:
+    session.hub.repos[REPO] = {"../x.gguf": HubFile(b"evil"), GGUF_NAME: HubFile(b"fine")}
+
+    with pytest.raises(DownloadError, match=r"named '\.\./x\.gguf', which would be written outside"):
+        dl.download(REPO, ["*.gguf"], local_dir=tmp_path / "models")
+
+    assert not (tmp_path / "x.gguf").exists()
+    args = _cli(REPO, "../x.gguf", "--local-dir", str(tmp_path / "models"))
+    assert run_command(args) == 2
+
+
+def test_download_errors_say_what_happened(session: HubSession, tmp_path: Path) -> None:
+    import errno as errno_mod
+
+    session.hub.repos[REPO] = {GGUF_NAME: HubFile(payload(100))}
+
+    def full(*a, **k):
+        raise OSError(errno_mod.ENOSPC, "No space left on device")
+
+    with session.monkeypatch.context() as mp:
+        mp.setattr(dl, "hf_hub_download", full)
+        with pytest.raises(DownloadError, match="disk is full") as err:
+            dl.download(REPO, [GGUF_NAME])
+        assert "network" not in str(err.value).lower()
+
+    with pytest.raises(DownloadError, match="not a valid hub repo id"):
+        dl.download("org/bad name!", [GGUF_NAME])
+
+    session.set_offline()
+    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set") as err:
+        dl.download(REPO, [GGUF_NAME])
+    assert "check the network" not in str(err.value).lower()
+
+
+def test_an_unreachable_hub_is_called_a_network_failure(session: HubSession, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    session.monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    _reload_hub_constants(session.monkeypatch)
+
+    with pytest.raises(DownloadError, match="network"):
+        dl.download(REPO, [GGUF_NAME])
+
+
+def test_model_argument_that_looks_like_a_path_is_no_such_file(tmp_path: Path, monkeypatch) -> None:
+    from pyllamaspec.tools import pypi_models
+
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dl, "download", lambda *a, **k: pytest.fail("the hub was asked"))
+
+    with pytest.raises(DownloadError, match=r"no such file: 'models/draft'.*write models/draft:FILE\.gguf"):
+        pypi_models.resolve("models/draft")
+    (tmp_path / "models" / "draft").write_bytes(b"x")
+    assert pypi_models.resolve("models/draft") == Path("models/draft")

@@ -525,10 +525,12 @@ def test_inspect_pair_exit_status_says_whether_the_pair_runs(tmp_path: Path,
 
     assert run_inspect(target_path, "--pair", good) == 0
     assert capsys.readouterr().out.startswith("OK:")
-    assert run_inspect(target_path, "--pair", bad, "--json") == 1
-    report = json.loads(capsys.readouterr().out)
+    assert run_inspect(target_path, "--pair", bad, "--json") == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert report["ok"] is False and report["problems"][0]["field"] == "n_embd"
-    assert run_inspect(target_path, "--pair", good, "--spec-type", "ngram-mod") == 1
+    assert captured.err.startswith("pyllamaspec: error: ") and "cannot draft for" in captured.err
+    assert run_inspect(target_path, "--pair", good, "--spec-type", "ngram-mod") == 2
     assert "drafter is unused" in capsys.readouterr().out
 
 
@@ -646,6 +648,75 @@ def test_n_max_outside_what_a_session_takes_is_refused(tmp_path: Path, target: G
 
     (problem,) = check_pair(target, read_summary(drafter_path), n_max=n_max).problems
     assert (problem.field, problem.drafter_value) == ("n_max", n_max)
-    assert run_inspect(target.path, "--pair", str(drafter_path), "--n-max", str(n_max)) == 1
+    assert run_inspect(target.path, "--pair", str(drafter_path), "--n-max", str(n_max)) == 2
     out = capsys.readouterr().out
     assert out.startswith("NOT OK") and "n_max" in out and "0..64" in out
+
+
+# -- metadata of the wrong type, corrupt sizes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, found, expected", [
+    ("qwen3.block_count", "28", "STRING", "an integer"),
+    ("general.name", 5, "UINT32", "a string"),
+    ("qwen3.context_length", [1, 2], "ARRAY of INT32", "an integer"),
+])
+def test_a_key_of_the_wrong_type_names_key_found_and_expected(tmp_path: Path, capsys, key, value, found,
+                                                              expected) -> None:
+    path = target_gguf(tmp_path, **{key: value})
+    data = path.read_bytes()
+
+    with pytest.raises(ModelLoadError, match=rf"metadata key '{key}' is {found}.*expected {expected}") as e:
+        read_summary(path)
+    assert "TypeError" not in str(e.value)
+    assert run_inspect(str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyllamaspec: error: ") and key in err and "internal error" not in err
+    assert path.read_bytes() == data  # read only
+    assert read_summary(target_gguf(tmp_path, name="fine.gguf")).n_layer == 4  # and the process goes on
+
+
+def test_target_layers_as_a_scalar_is_a_typed_error(tmp_path: Path) -> None:
+    path = dflash_gguf(tmp_path, **{"dflash.target_layers": 3})
+    with pytest.raises(ModelLoadError, match=r"'dflash.target_layers' is UINT32 \(3\), expected an ARRAY of "
+                                             r"integers"):
+        read_summary(path)
+
+
+def test_a_corrupt_length_is_not_called_truncated(tmp_path: Path) -> None:
+    path = target_gguf(tmp_path)
+    data = bytearray(path.read_bytes())
+    key = b"general.name"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4  # the string value's length
+    struct.pack_into("<Q", data, at, 2 ** 50)
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(ModelLoadError) as e:
+        read_summary(path)
+    assert "corrupt GGUF header" in str(e.value) and "truncated" not in str(e.value)
+    assert "download was interrupted" not in str(e.value) and "damage" in str(e.value)
+
+
+def test_a_corrupt_tensor_count_or_offset_is_not_called_truncated(tmp_path: Path) -> None:
+    path = target_gguf(tmp_path)
+    good = path.read_bytes()
+    data = bytearray(good)
+    struct.pack_into("<Q", data, 8, 2 ** 40)  # the tensor count
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="corrupt GGUF header.*claims 1099511627776 tensors") as e:
+        read_summary(path)
+    assert "truncated" not in str(e.value)
+
+    data = bytearray(good)
+    name = b"output.weight"
+    offset_at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4 + 2 * 8 + 4
+    struct.pack_into("<Q", data, offset_at, 2 ** 50 + 32)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError) as e:
+        read_summary(path)
+    assert "truncated" not in str(e.value) and "corrupt" in str(e.value)
+
+    # a file that is merely cut short is still called truncated
+    path.write_bytes(good[: len(good) - 40])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        read_summary(path)

@@ -21,7 +21,7 @@ CORE_MODULES = [
     "pyllamaspec", "pyllamaspec._native", "pyllamaspec._native.header", "pyllamaspec._native.loader",
     "pyllamaspec.config", "pyllamaspec.model", "pyllamaspec.session", "pyllamaspec.memory", "pyllamaspec.errors",
     "pyllamaspec.buildinfo", "pyllamaspec.atomicfile", "pyllamaspec.ggufinfo", "pyllamaspec.ggufinfo.reader",
-    "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing",
+    "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing", "pyllamaspec.textfiles", "pyllamaspec.templateguard",
 ]
 UPPER_LAYERS = ("pyllamaspec.tools", "pyllamaspec.cli", "pyllamaspec.bench")
 

@@ -111,3 +111,17 @@ def test_estimate_refuses_a_fifo_before_the_loader_opens_it(tmp_path):
     os.mkfifo(tmp_path / "target.gguf")
     with pytest.raises(ModelLoadError, match="is a FIFO"):
         estimate_memory(tmp_path / "target.gguf")
+
+
+def test_the_refusal_names_its_safety_margin():
+    gib, mib = 2 ** 30, 2 ** 20
+    # the need alone fits (15.5 of 16 GiB free); with the 512 MiB margin it does not
+    gpu = MemoryEstimate(devices=(DeviceMemory("CUDA0", free=16 * gib, total=16 * gib, model=15 * gib + 128 * mib,
+                                               context=gib // 4, compute=gib // 4),), drafter_approximate=False)
+    with pytest.raises(MemoryBudgetError, match=r"512 MiB are kept free as a safety margin.*--no-memory-check"):
+        gpu.check()
+    gpu.check(headroom=0)
+    host = MemoryEstimate(devices=(DeviceMemory("Host", free=0, total=0, model=0, context=gib, compute=0),),
+                          drafter_approximate=False)
+    with pytest.raises(MemoryBudgetError, match=r"plus a safety margin of 256 MiB, but 1100 MiB are available"):
+        host.check(headroom=256 * mib, host_available=1100 * mib)

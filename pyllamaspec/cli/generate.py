@@ -91,13 +91,10 @@ def chat_settings(args: argparse.Namespace) -> tuple[str | None, bool | None]:
     if args.chat_template_file is not None:
         if template is not None:
             raise ConfigError("give --chat-template or --chat-template-file, not both")
-        try:
-            template = Path(args.chat_template_file).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"chat template file {args.chat_template_file} is not UTF-8 text") from None
-        except OSError as e:
-            raise ConfigError(f"chat template file {args.chat_template_file} cannot be read: "
-                              f"{e.strerror or e}") from None
+        from ..textfiles import MAX_TEMPLATE_BYTES, read_text_file  # regular files only, size-capped
+
+        template = read_text_file(args.chat_template_file, "chat template file", MAX_TEMPLATE_BYTES,
+                                  "give --chat-template-file")
     return template, _REASONING[args.reasoning]
 
 
@@ -111,7 +108,9 @@ def read_prompts(items: list[str] | None) -> list[str]:
     prompts = []
     for item in items or []:
         if not isinstance(item, PromptFile):
-            prompts.append(item)
+            from ..textfiles import check_text
+
+            prompts.append(check_text(item, "the prompt given with -p"))
             continue
         try:
             mode = os.stat(item).st_mode

@@ -3,7 +3,8 @@
     pyllamaspec inspect FILE [--json]
     pyllamaspec inspect TARGET --pair DRAFTER [--spec-type a,b] [--n-max N] [--json]
 
-Exit status: 0 described / pair OK, 1 pair cannot run, 2 error (message on stderr). A file with a tensor of
+Exit status: 0 described / pair OK; 2 on every failure, a pair that cannot run included (the report on
+stdout, the error line on stderr). A file with a tensor of
 a ggml type the installed gguf package does not know is an error: its description would be wrong.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from ..config import SPEC_TYPE_ALIASES
@@ -20,7 +22,7 @@ from ..ggufinfo import GGUFSummary, PairingReport, check_pair, read_summary
 from ..ggufinfo.reader import unknown_type_message
 
 EXIT_OK = 0
-EXIT_PAIR_REFUSED = 1
+EXIT_PAIR_REFUSED = 2  # a failure like any other (README: every failure is exit status 2)
 
 # Per-tensor detail: thousands of entries on a large model, too much for one JSON object.
 JSON_OMITTED_FIELDS = ("tensors",)
@@ -55,7 +57,14 @@ def run(args: argparse.Namespace) -> int:
     report = check_pair(target, drafter, _parse_spec_types(args.spec_type), args.n_max)
     print(json.dumps(pair_json(target, drafter, report), indent=2) if args.json
           else format_pair(target, drafter, report))
-    return EXIT_OK if report.ok else EXIT_PAIR_REFUSED
+    if report.ok:
+        return EXIT_OK
+    from .app import error_line
+
+    n = len(report.problems)
+    print(error_line(f"{args.pair} cannot draft for {args.file}: {n} problem{'s' * (n != 1)} (reported on stdout)"),
+          file=sys.stderr)
+    return EXIT_PAIR_REFUSED
 
 
 def _read(path: str) -> GGUFSummary:

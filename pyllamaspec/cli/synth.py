@@ -24,7 +24,8 @@ def register(sub) -> None:
                    help="model shape (default: %(default)s)")
     p.add_argument("--type", choices=TYPES, default=None,
                    help="weight type: f32, f16, q8_0 or q4_0 (norms and 1-D tensors stay F32, the LM head gets "
-                        "llama-quantize's choice; default f32)")
+                        "llama-quantize's choice) (default: f32, 4 bytes a weight: 5.75 GiB for qwen2.5-1.5b; "
+                        "f16 halves it, --dry-run prints the sizes)")
     p.add_argument("--f16", action="store_true", help="same as --type f16")
     p.add_argument("--drafter", metavar="OUT", default=None,
                    help="also write the preset's drafter here: its DFlash/DFlash2 drafter, or for presets without "

@@ -40,6 +40,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 
 # Arrays longer than this stay undecoded byte spans until asked for.
 MAX_DECODED_ARRAY_LEN = 4096
+MAX_TENSOR_BYTES = 2 ** 46  # 64 TiB: a larger tensor is a corrupt shape, not a model
 
 _SCALAR_DTYPES: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "u1", GGUFValueType.INT8: "i1", GGUFValueType.UINT16: "u2", GGUFValueType.INT16: "i2",
@@ -82,7 +83,11 @@ def gguf_package_version() -> str:
 
 
 class _Truncated(Exception):
-    """The header claims more bytes than the file has."""
+    """The header claims more bytes than the file has (`end`: the offset a read needed)."""
+
+    def __init__(self, end: int = 0) -> None:
+        super().__init__(end)
+        self.end = end
 
 
 class _Corrupt(Exception):
@@ -95,6 +100,13 @@ class _Incomplete(Exception):
     def __init__(self, needed: int) -> None:
         super().__init__(needed)
         self.needed = needed
+
+
+def _implausible(end: int, size: int) -> bool:
+    """Whether a header that needs bytes up to `end` of a file of `size` is corrupt rather than cut short: no
+    interrupted copy explains a count or length that reaches that far past the end (a header is never larger
+    than the part of a file a cut could have lost, plus its longest array)."""
+    return end > 2 * size + 2 ** 20
 
 
 def _value_type(raw: int) -> GGUFValueType:
@@ -120,8 +132,24 @@ class _Reader(gguf.GGUFReader):
         count = int(count)
         end = int(offset) + np.dtype(dtype).itemsize * count
         if offset < 0 or count < 0 or end > len(self.data):
-            raise _Truncated
+            raise _Truncated(end)
         return super()._get(offset, dtype, count, override_order)
+
+    # the smallest a key/value (key length, one byte of key, type, a u8) and a tensor entry (name length, a
+    # byte of name, n_dims, one dim, type, offset) can be: a count the rest of the file cannot hold is corrupt
+    _MIN_KV_BYTES, _MIN_TENSOR_BYTES = 8 + 1 + 4 + 1, 8 + 1 + 4 + 8 + 4 + 8
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        if _implausible(offs + int(count) * self._MIN_KV_BYTES, len(self.data)):
+            raise _Corrupt(f"the header claims {int(count)} key/values, more than a file of {len(self.data)} bytes "
+                           "could hold")
+        return super()._build_fields(offs, count)
+
+    def _build_tensor_info(self, offs: int, count: int):
+        if _implausible(offs + int(count) * self._MIN_TENSOR_BYTES, len(self.data)):
+            raise _Corrupt(f"the header claims {int(count)} tensors, more than a file of {len(self.data)} bytes "
+                           "could hold")
+        return super()._build_tensor_info(offs, count)
 
     def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list, list[int], list[GGUFValueType]]:
         value_type = _value_type(raw_type)
@@ -144,16 +172,16 @@ class _Reader(gguf.GGUFReader):
             data, size, pos = self.data, len(self.data), start
             for _ in range(count):
                 if pos + 8 > size:
-                    raise _Truncated
+                    raise _Truncated(pos + 8)
                 pos += 8 + unpack(data, pos)[0]
             if pos > size:
-                raise _Truncated
+                raise _Truncated(pos)
             return pos
         if item_type not in _SCALAR_DTYPES:
             raise _Corrupt(f"an array of {item_type.name} with {count} items")
         end = start + count * np.dtype(_SCALAR_DTYPES[item_type]).itemsize
         if end > len(self.data):
-            raise _Truncated
+            raise _Truncated(end)
         return end
 
     def _build_tensors(self, start_offs: int, fields: list[gguf.ReaderField]) -> None:
@@ -174,10 +202,27 @@ class _Reader(gguf.GGUFReader):
                 n_bytes = math.prod(shape) * type_size // block_size
             except (ValueError, KeyError):
                 n_bytes = None
+            if n_bytes is not None and n_bytes > MAX_TENSOR_BYTES:
+                raise _Corrupt(f"tensor {name!r} of shape {shape} would hold {n_bytes} bytes")
+            if int(offset[0]) % int(self.alignment):
+                raise _Corrupt(f"tensor {name!r} starts at offset {int(offset[0])}, not a multiple of the file's "
+                               f"alignment {int(self.alignment)}")
             info = TensorInfo(name, shape, type_id, start_offs + int(offset[0]), n_bytes)
             # a type unknown to the gguf package has an unknown size: its start is still a lower bound
             needed = max(needed, info.offset + (n_bytes or 0))
             infos.append(info)
+        placed = sorted((t for t in infos if t.n_bytes is not None), key=lambda t: t.offset)
+        align = int(self.alignment)
+        for a, b in zip(placed, placed[1:]):
+            if a.offset + a.n_bytes > b.offset:
+                raise _Corrupt(f"tensors {a.name!r} and {b.name!r} overlap in the file")
+            # writers pack tensor data back to back, each padded to the alignment: a gap is a corrupt offset
+            if b.offset - (a.offset + a.n_bytes) >= align and len(placed) == len(infos):
+                raise _Corrupt(f"tensor {b.name!r} starts {b.offset - a.offset - a.n_bytes} bytes after the end of "
+                               f"{a.name!r}: a corrupt offset")
+        if placed and len(placed) == len(infos) and placed[0].offset - start_offs >= align:
+            raise _Corrupt(f"the first tensor, {placed[0].name!r}, starts at data offset "
+                           f"{placed[0].offset - start_offs}, not 0: a corrupt offset")
         if len(self.data) < needed:
             raise _Incomplete(needed)
         self.tensor_infos, self._tensor_fields = infos, fields
@@ -353,6 +398,10 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         reader = _Reader(path)
     except _Truncated as err:
         size = os.path.getsize(path)
+        if _implausible(err.end, size):
+            raise ModelLoadError(
+                f"{path} has a corrupt GGUF header: a count or length in it reaches byte {err.end}, but the file has "
+                f"{size} bytes (damage, not an interrupted download). Fetch or convert it again.") from err
         raise ModelLoadError(f"{path} is truncated inside its header ({size} bytes): the download or copy was "
                              f"interrupted. Fetch it again.") from err
     except _Incomplete as err:

@@ -103,6 +103,9 @@ def summarise(file: GGUFFile) -> GGUFSummary:
     def arch_value(suffix: str) -> Any:
         return values.get(f"{arch}.{suffix}")
 
+    for key, kind in _EXPECTED_TYPES.items():
+        _check_type(file, key.replace("{arch}", arch), kind)
+
     tensors = {t.name: (t.shape, t.type_name) for t in file.tensors}
     n_vocab = arch_value("vocab_size")
     if n_vocab is None and "tokenizer.ggml.tokens" in file.array_lengths:
@@ -150,6 +153,58 @@ def summarise(file: GGUFFile) -> GGUFSummary:
         vocab_fingerprint=file.token_fingerprint(),
         metadata=metadata,
     )
+
+
+# what the keys this package reads must hold; another type is a corrupt file or a broken converter, said as such
+# (never a TypeError later). "{arch}" is the file's architecture.
+_EXPECTED_TYPES = {
+    "general.name": "str", "tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str",
+    "tokenizer.ggml.mask_token_id": "int", "tokenizer.ggml.bos_token_id": "int", "tokenizer.ggml.eos_token_id": "int",
+    "{arch}.vocab_size": "int", "{arch}.embedding_length": "int", "{arch}.block_count": "int",
+    "{arch}.context_length": "int", "{arch}.nextn_predict_layers": "int", "{arch}.block_size": "int",
+    "{arch}.target_hidden_size": "int", "{arch}.attention.sliding_window": "int",
+    "{arch}.target_layers": "int array", "{arch}.attention.causal": "bool",
+    "{arch}.attention.sliding_window_pattern": "bool array or int",
+}
+_EXPECTED_WORDS = {
+    "str": "a string (STRING)", "int": "an integer (UINT32, INT32 or another integer type)", "bool": "a BOOL",
+    "int array": "an ARRAY of integers", "bool array or int": "an ARRAY of BOOL (or an integer period)",
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return _is_int(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int array":
+        return isinstance(value, list) and all(_is_int(v) for v in value)
+    if kind == "bool array or int":
+        return _is_int(value) or (isinstance(value, list) and all(isinstance(v, (bool, int)) for v in value))
+    raise AssertionError(kind)
+
+
+def _check_type(file: GGUFFile, key: str, kind: str) -> None:
+    if key not in file.values:
+        if key in file.array_lengths and kind in ("str", "int", "bool"):  # a long array where a scalar belongs
+            raise ModelLoadError(_wrong_type_message(file, key, kind, None))
+        return
+    if not _type_ok(file.values[key], kind):
+        raise ModelLoadError(_wrong_type_message(file, key, kind, file.values[key]))
+
+
+def _wrong_type_message(file: GGUFFile, key: str, kind: str, value: Any) -> str:
+    value_type, item_type = file.value_type(key)
+    found = value_type.name + (f" of {item_type.name}" if item_type is not None else "")
+    shown = "" if value is None else f" ({value!r:.60})" if not isinstance(value, list) else ""
+    return (f"{file.path}: metadata key '{key}' is {found}{shown}, expected {_EXPECTED_WORDS[kind]}. The file is "
+            "corrupt or was written by a broken converter: convert it again.")
 
 
 def _file_type_name(raw: Any) -> str | None:

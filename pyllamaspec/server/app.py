@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import ConfigError
 from .engine import STARTED, Delta, Engine, Final, Job, Sampling
 from .metrics import ServerMetrics
+from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                       loading_error)
 
@@ -417,7 +418,7 @@ class _APIKey:
 def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                enable_thinking: bool | None = None, api_key: str | None = None,
-               on_fatal: Callable[[], None] | None = None) -> FastAPI:
+               on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
     `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
@@ -438,6 +439,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
     app.add_middleware(_JSONBodies)
     if api_key:
         app.add_middleware(_APIKey, key=api_key)
+    app.add_middleware(RequestLimits, max_body_bytes=max_body_bytes)  # outermost: before anything reads the body
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
@@ -499,7 +501,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.require_ready()
         state.check_model(req.model)
-        tokens = await run_in_threadpool(state.chat_tokens, req)
+        tokens = await run_interruptible(state, request, state.chat_tokens, req)
         return await _generate(state, request, req, "chat", tokens)
 
     @app.post("/v1/completions")
@@ -507,7 +509,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
     async def completions(req: CompletionRequest, request: Request):
         state.require_ready()
         state.check_model(req.model)
-        tokens = await run_in_threadpool(state.completion_tokens, req)
+        tokens = await run_interruptible(state, request, state.completion_tokens, req)
         return await _generate(state, request, req, "text", tokens)
 
     @app.post("/tokenize")

@@ -11,10 +11,19 @@ import socket
 import sys
 import threading
 
+from .limits import DEFAULT_MAX_BODY_BYTES, parse_size
+
 DESCRIPTION = """\
 Serve a target (and drafter) over HTTP: OpenAI's /v1/chat/completions and /v1/completions (streamed or
 not), /v1/models, /health, /tokenize, /detokenize and Prometheus /metrics. Up to -np requests generate
 together in one batch; --queue-size more wait for a slot, and beyond that requests get 429."""
+
+
+def _body_size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     g.add_argument("--metrics-prefix", default="pyllamaspec",
                    help="prefix of the Prometheus metric names (default pyllamaspec; 'llamacpp' matches "
                         "llama-server's dashboards)")
+    g.add_argument("--max-body-size", type=_body_size, default=DEFAULT_MAX_BODY_BYTES, metavar="SIZE",
+                   help="refuse request bodies larger than SIZE with 413: bytes, or with K, M or G; 0: no limit "
+                        "(default: 8M)")
     g.add_argument("--timeout-graceful-shutdown", type=float, default=10.0,
                    help="seconds to wait for open connections at shutdown (default 10)")
     p.set_defaults(func=run)
@@ -99,7 +111,7 @@ def run(args) -> int:
     template, thinking = chat_settings(args)
     app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,
                      metrics_prefix=args.metrics_prefix, chat_template=template, enable_thinking=thinking,
-                     api_key=args.api_key, on_fatal=on_fatal)
+                     api_key=args.api_key, on_fatal=on_fatal, max_body_bytes=args.max_body_size)
     state = app.state.server
     config = uvicorn.Config(app, log_level="info", lifespan="on",
                             timeout_graceful_shutdown=args.timeout_graceful_shutdown)

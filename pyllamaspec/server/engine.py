@@ -281,7 +281,9 @@ class Engine:
             self._fail(job, APIError(503, "no free slot", "unavailable_error"), "error")
             return
         except ConfigError as e:
-            self._fail(job, APIError(400, str(e), param=job.prompt_param), "error")
+            param = getattr(e, "param", None)  # ParamError: the request field at fault, as the API names it
+            self._fail(job, APIError(400, str(e), param={"temp": "temperature"}.get(param, param) or job.prompt_param),
+                       "error")
             return
         job.slot = slot
         job.t_admitted = time.perf_counter()

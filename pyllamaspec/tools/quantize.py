@@ -6,8 +6,11 @@ Ctrl-C or SIGTERM ends a quantization at once and the partial output is removed.
 
 from __future__ import annotations
 
+import errno
 import json
+import operator
 import os
+import re
 import select
 import signal
 import subprocess
@@ -20,6 +23,7 @@ from typing import Callable
 
 from .. import _native
 from ..atomicfile import atomic_output
+from ..config import MAX_THREADS
 from ..errors import PyllamaspecError, QuantizeError
 
 # llama_ftype values by upstream's names (llama.h); the common ones plus the k-quants
@@ -53,11 +57,14 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
     in the caller ends it and removes the partial output. progress, if given, is called on the calling thread
     with (tensors done, tensors in all)."""
     src, dst = Path(path_in), Path(path_out)
+    if not isinstance(ftype, str):
+        raise QuantizeError(f"type must be a str such as 'Q4_0', not {type(ftype).__name__}")
     name = ftype.upper()
     if name not in FTYPES:
         raise QuantizeError(f"unknown type '{ftype}'; known: {', '.join(FTYPES)}")
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads < 2 ** 31:
-        raise QuantizeError(f"threads={threads!r} must be a count >= 0 (0: every core)")
+    threads = _count(threads, "threads")
+    if not 0 <= threads <= MAX_THREADS:
+        raise QuantizeError(f"threads={threads} must be within 0..{MAX_THREADS} (0: every core)")
     if not src.is_file():
         raise QuantizeError(f"input '{src}' does not exist or is not a regular file")
     if dst.exists() and dst.resolve() == src.resolve():
@@ -72,11 +79,51 @@ def quantize(path_in: str | os.PathLike, path_out: str | os.PathLike, ftype: str
                    "allow_requantize": bool(allow_requantize), "overrides": overrides}
         msg = _run_worker(request, progress)
         if msg is not None:
+            msg = _with_os_reason(msg, tmp)
             if "requantizing" in msg and not allow_requantize:
                 msg += " (the input is already quantized: pass --allow-requantize)"
             raise QuantizeError(msg)
     return {"input": str(src), "output": str(dst), "type": name, "bytes_in": src.stat().st_size,
             "bytes_out": dst.stat().st_size, "seconds": time.perf_counter() - t0, "drafter_overrides": overrides}
+
+
+def _count(value, name: str) -> int:
+    """An int (numpy integers too, not bools) as a Python int; QuantizeError otherwise."""
+    if isinstance(value, bool):
+        raise QuantizeError(f"{name}={value!r} must be an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise QuantizeError(f"{name}={value!r} must be an integer") from None
+
+
+_IO_FAILURE = ("basic_ios", "ios_base", "failed to write", "failed to open", "write error", "i/o error",
+               "no space", "errno")
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _with_os_reason(msg: str, tmp: Path) -> str:
+    """The quantizer's message, with what the operating system said when it is a bare I/O stream failure
+    (C++ streams say 'basic_ios::clear'): the errno the child saw, and whether the disk is full."""
+    if not any(k in msg.lower() for k in _IO_FAILURE):
+        return msg
+    directory = tmp.parent
+    reasons = []
+    m = re.search(r"\[os: (.*?)\]", msg)
+    if m:
+        reasons.append(m.group(1))
+        msg = msg.replace(m.group(0), "").strip()
+    try:
+        st = os.statvfs(directory)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    if free is not None and free < LOW_SPACE_BYTES and not any("space" in r.lower() for r in reasons):
+        reasons.insert(0, os.strerror(errno.ENOSPC))
+    where = f"writing into {directory}"
+    if free is not None:
+        where += f" ({free} bytes free)"
+    return f"{where} failed: {'; '.join(reasons) or 'an I/O error'} (the quantizer said: {msg})"
 
 
 def _run_worker(request: dict, progress: ProgressFn | None) -> str | None:
@@ -210,8 +257,12 @@ def _worker_main() -> None:
 
         err = _native.ErrorBuffer(ffi)
         overrides = req["overrides"]
-        rc = lib.pls_quantize(req["input"].encode(), req["output"].encode(), req["ftype"], req["threads"],
+        rc = lib.pls_quantize(os.fsencode(req["input"]), os.fsencode(req["output"]), req["ftype"], req["threads"],
                               int(req["allow_requantize"]), overrides.encode() if overrides else ffi.NULL,
                               on_progress, ffi.NULL, err.buf, err.SIZE)
-        out.write(json.dumps({"rc": rc, "error": err.text if rc != 0 else ""}) + "\n")
+        os_errno = ffi.errno
+        text = err.text if rc != 0 else ""
+        if rc != 0 and os_errno and any(k in text.lower() for k in _IO_FAILURE):
+            text += f" [os: {os.strerror(os_errno)}]"
+        out.write(json.dumps({"rc": rc, "error": text}) + "\n")
 

@@ -415,7 +415,7 @@ def _list_tensors(meta: Path, load_mtp: bool) -> list[tuple[str, tuple[int, ...]
     size = 1 << 20
     for _ in range(2):
         buf = ffi.new("char[]", size)
-        n = lib.pls_synth_list_tensors(str(meta).encode(), int(load_mtp), buf, size, err.buf, err.SIZE)
+        n = lib.pls_synth_list_tensors(os.fsencode(meta), int(load_mtp), buf, size, err.buf, err.SIZE)
         if n == -1:
             raise ConfigError(err.text)
         if n >= 0:
@@ -654,7 +654,7 @@ def _write(path: Path, meta: Path, plan: SynthPlan, *, seed: int, stddev: float,
     cb = ffi.callback("pls_synth_progress_cb", on_progress, onerror=on_error)
     err = _native.ErrorBuffer(ffi)
     with atomic_output(path, force=force, error=ConfigError) as tmp:
-        rc = lib.pls_synth_write(str(meta).encode(), arr, len(plan.tensors), p, str(tmp).encode(), cb, ffi.NULL,
+        rc = lib.pls_synth_write(os.fsencode(meta), arr, len(plan.tensors), p, os.fsencode(tmp), cb, ffi.NULL,
                                  err.buf, err.SIZE)
         if raised:
             raise raised[0]

@@ -171,7 +171,9 @@ verify() {
     # 4. install into a fresh venv; `pyllamaspec info` on a machine without a GPU
     log "verify: install + pyllamaspec info"
     rm -rf "$TEST_VENV"; "$PYTHON" -m venv "$TEST_VENV"
-    "$TEST_VENV/bin/pip" install -q "$whl" pytest
+    # the project's own test extra (pyproject.toml), not a list of our own: tests/test_test_environment.py keeps
+    # the two from drifting apart (the suite imports scipy, the server stack, ...)
+    "$TEST_VENV/bin/pip" install -q "$whl[test]"
     local py="$TEST_VENV/bin/python"
     (cd "$WORK" && "$TEST_VENV/bin/pyllamaspec" info --json > "$WORK/info.json") || die "pyllamaspec info failed"
     (cd "$WORK" && "$TEST_VENV/bin/pyllamaspec" info) || true
