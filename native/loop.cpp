@@ -344,9 +344,10 @@ void engine_draft(pls_session & s, const std::vector<int32_t> & k, step_timing &
         };
         any = true;
     }
-    if (any) {
-        common_speculative_draft(s.spec);
+    if (!any) {
+        return;  // no call: a step without a draft costs the engine's drafters nothing
     }
+    common_speculative_draft(s.spec);
     for (auto & st : s.streams) {
         if (st.active && !st.replay && k[st.seq] > 0 && (int32_t) st.draft.size() > k[st.seq]) {
             st.draft.resize(k[st.seq]);
@@ -422,7 +423,7 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
             if (st.active && !st.replay) {
                 want[st.seq] = st.k;
                 // the rows a deferred drafter processes before this draft (those of the steps since its last one)
-                st.catchup = st.k > 0 ? common_speculative_n_deferred(s.spec, st.seq) : 0;
+                st.catchup = st.k > 0 ? common_speculative_n_deferred(s.spec, st.seq, st.n_past) : 0;
             }
         }
         engine_draft(s, want, tm);

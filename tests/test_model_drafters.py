@@ -227,3 +227,34 @@ def test_dspark_p_min_needs_a_confidence_head(dspark_setup):
     with SpecSession(target, with_conf, SessionConfig(adaptive=False, n_max=7, n_ctx=512, p_min=0.5)) as s:
         r = s.generate(PROMPT, N_PREDICT)
     assert_equal_up_to_near_tie(r.tokens, ref)
+
+
+@pytest.mark.parametrize("schedule", [(0, 0, 3), (2, 0, 0, 0, 7)])
+def test_drafters_reading_the_target_process_at_their_next_draft_what_plain_steps_kept(dflash_setup, mtp_target,
+                                                                                        schedule):
+    # a plain step costs a DFlash or MTP drafter nothing: the rows of the steps since its last draft (the tokens
+    # committed since) are processed in one pass when it drafts again (patch 0005), and the output stays exact
+    kind, target, d1, _, ref = dflash_setup
+    cfg = dict(adaptive=False, n_max=7, n_ctx=512, draft_schedule=schedule, trace_steps=4096)
+    with Model(mtp_target) as mtp:
+        mtp_ref = plain(mtp)
+        runs = [(target, d1, SessionConfig(**cfg), ref), (mtp, None, SessionConfig(spec_types="draft-mtp", **cfg), mtp_ref)]
+        for tgt, dft, c, expect in runs:
+            with SpecSession(tgt, dft, c) as s:
+                r = s.generate(PROMPT, N_PREDICT)
+                steps = s.take_trace()
+            assert_equal_up_to_near_tie(r.tokens, expect)
+            committed_since = None  # tokens committed since the last draft (None: none yet)
+            checked = 0
+            for x in steps:
+                k, drafted, accepted = x["k"][0], x["drafted"][0], x["accepted"][0]
+                if k == 0:
+                    assert x["t_draft_call"] == 0.0  # no drafter call at all in a plain step
+                elif committed_since is not None:
+                    assert x["catchup"][0] == committed_since
+                    checked += 1
+                if k > 0:
+                    committed_since = 0
+                if committed_since is not None:
+                    committed_since += accepted + 1
+            assert checked >= 2
