@@ -13,7 +13,7 @@ from pyllamaspec.session import native_session_params
 from pyllamaspec.tools import synth
 
 from ckptfactory import rewrite_gguf
-from test_model_drafters import make_dflash
+from helpers import make_dflash
 
 
 @dataclass(frozen=True)
