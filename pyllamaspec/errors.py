@@ -21,6 +21,10 @@ class ConfigError(PyllamaspecError, ValueError):
     """A configuration value is out of range or contradicts another one."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value is of the wrong type (a string where a number belongs, a float for an integer)."""
+
+
 class ChatTemplateError(ConfigError):
     """A model has no chat template, or the template cannot be parsed or rendered for these messages."""
 

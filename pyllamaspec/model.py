@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import _native
-from .config import SPLIT_MODES, ModelConfig
+from .config import ModelConfig
 from .errors import ChatTemplateError, ConfigError, ModelLoadError
 from .ggufinfo import check_model_file
+from .native_params import native_model_params
 
 
 @dataclass(frozen=True)
@@ -45,36 +46,6 @@ class ModelInfo:
     @property
     def is_dflash2(self) -> bool:
         return self.dflash_selector_top_k > 0
-
-
-def native_model_params(ffi, path: Path, config: ModelConfig):
-    """pls_model_params for a path and config, and the C buffers it points into (keep them alive)."""
-    keep = []
-
-    def cstr(s: str | None):
-        if s is None:
-            return ffi.NULL
-        b = ffi.new("char[]", s.encode())
-        keep.append(b)
-        return b
-
-    c = config
-    p = ffi.new("pls_model_params *")
-    p.path = cstr(str(path))
-    p.n_gpu_layers = c.n_gpu_layers
-    p.devices = cstr(",".join(c.devices)) if c.devices else ffi.NULL
-    p.split_mode = SPLIT_MODES[c.split_mode]
-    p.main_gpu = c.main_gpu
-    if c.tensor_split:
-        arr = ffi.new("float[]", list(c.tensor_split))
-        keep.append(arr)
-        p.tensor_split = arr
-        p.n_tensor_split = len(c.tensor_split)
-    p.tensor_overrides = cstr(",".join(c.tensor_overrides)) if c.tensor_overrides else ffi.NULL
-    p.n_cpu_moe = c.n_cpu_moe
-    p.load_mtp = -1 if c.load_mtp is None else int(c.load_mtp)
-    p.use_mmap = int(c.use_mmap)
-    return p, keep
 
 
 def token_bytes(ffi, lib, handle, token: int, special: bool = False) -> bytes:
@@ -204,10 +175,6 @@ class Model:
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         with self._use() as h:
             return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in tokens).decode("utf-8", "replace")
-
-    def is_eog(self, token: int) -> bool:
-        with self._use() as h:
-            return bool(self._lib.pls_token_is_eog(h, token))
 
     @property
     def chat_template(self) -> str | None:

@@ -58,10 +58,9 @@ def run_command(args: argparse.Namespace) -> int:
         previous_sigterm = None
     try:
         if getattr(args, "verbose", 0):
-            from .. import _native
+            from ..native_tools import set_log_level
 
-            _ffi, lib = _native.load()
-            lib.pls_set_log_level(min(3, args.verbose))
+            set_log_level(args.verbose)
         return args.func(args)
     except PyllamaspecError as e:
         print(error_line(e), file=sys.stderr)
