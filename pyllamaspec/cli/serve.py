@@ -1,5 +1,6 @@
 """The `serve` command: llama-server's flags for the model and session (shared with `generate`), plus the HTTP
-ones; the server itself is `pyllamaspec.server`. The port opens first; the model loads behind it while /health answers 503."""
+ones; the server itself is `pyllamaspec.server`. The port opens first; the model loads behind it while /health
+answers 503."""
 
 from __future__ import annotations
 
