@@ -1,5 +1,6 @@
 // How a session's contexts are configured, shared by session open and the memory estimate. Below the session
-// (session.h): nothing here knows a session's state.
+// (session.h), which includes this header: only engine_types takes a session (declared, not defined, here, where
+// loop.cpp reaches it through session.h).
 #pragma once
 
 #include "shim_common.h"
