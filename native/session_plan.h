@@ -1,4 +1,6 @@
-// How a session's contexts are configured, shared by session open and the memory estimate.
+// How a session's contexts are configured, shared by session open and the memory estimate. Below the session
+// (session.h), which includes this header: only engine_types takes a session (declared, not defined, here, where
+// loop.cpp reaches it through session.h).
 #pragma once
 
 #include "shim_common.h"
@@ -10,6 +12,9 @@
 struct pls_session;
 
 namespace pls {
+
+int64_t now_us();
+bool has_type(const std::vector<common_speculative_type> & types, common_speculative_type t);
 
 // llama.cpp's common parameters for a session (sampling, speculative settings, batch sizes, threads)
 common_params session_common_params(const pls_session_params & p);
@@ -28,13 +33,10 @@ struct context_plan {
 // context parameters of target and draft; throws std::invalid_argument where upstream would assert
 context_plan plan_contexts(common_params & c, const pls_session_params & sp, int32_t n_max_eff, bool target_recurrent);
 
-// session open, in order: what can be checked on the parameters, what needs the loaded models, contexts
+// the first check of session open: what can be checked on the parameters alone (the rest: session_open.h)
 void validate_params(const pls_session_params & p);
-void validate_pair(pls_session & s);      // throws status_error PLS_ERR_PAIRING with both values named
-void resolve_n_max(pls_session & s);
-void check_placement(pls_session & s);    // throws status_error PLS_ERR_PLACEMENT with the device to use
-void create_contexts(pls_session & s);
-void setup_drafting(pls_session & s);     // which drafter kind, the draft model's device sampler, the controller
+
+// the engine's type list without the draft model the shim drives itself (defined in session_open.cpp)
 std::vector<common_speculative_type> engine_types(const pls_session & s);
 
 }  // namespace pls

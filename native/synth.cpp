@@ -175,84 +175,99 @@ extern "C" int32_t pls_synth_list_tensors(const char * meta_path, int32_t load_m
     return pls::copy_out(json, buf, buf_size);
 }
 
-extern "C" int32_t pls_synth_write(const char * meta_path, const pls_synth_tensor * tensors, int32_t n_tensors,
-                                   const pls_synth_params * params, const char * path_out,
-                                   pls_synth_progress_cb progress, void * user_data, char * err, size_t err_size) {
-    pls::ensure_init();
+namespace {
+
+// A refusal or failure of pls_synth_write: its message (after "synthetic model: ") and status.
+struct synth_error {
+    std::string what;
+    int32_t rc = -1;
+};
+
+[[noreturn]] void refuse(const std::string & what) { throw synth_error{ what, -1 }; }
+
+using gguf_ptr = std::unique_ptr<gguf_context, void (*)(gguf_context *)>;
+using ggml_ptr = std::unique_ptr<ggml_context, void (*)(ggml_context *)>;
+
+void check_params(const char * meta_path, const pls_synth_tensor * tensors, int32_t n_tensors,
+                  const pls_synth_params * params, const char * path_out) {
     if (meta_path == nullptr || path_out == nullptr || params == nullptr || (tensors == nullptr && n_tensors > 0) ||
         n_tensors < 0) {
-        pls::set_err(err, err_size, "synthetic model: metadata, tensors, parameters and an output path are required");
-        return -1;
+        refuse("metadata, tensors, parameters and an output path are required");
     }
-    const pls_synth_params p = *params;
+    const pls_synth_params & p = *params;
     if (!std::isfinite(p.stddev) || p.stddev <= 0.0f || (p.perturb_seed != 0 && (!std::isfinite(p.perturb_stddev) ||
                                                                                    p.perturb_stddev <= 0.0f))) {
-        pls::set_err(err, err_size, "synthetic model: stddev (and perturb_stddev with a perturb seed) must be finite and > 0");
-        return -1;
+        refuse("stddev (and perturb_stddev with a perturb seed) must be finite and > 0");
     }
+}
+
+// the metadata GGUF, which must hold no tensors yet
+gguf_ptr open_metadata(const char * meta_path) {
     gguf_init_params gp = { /* .no_alloc = */ true, /* .ctx = */ nullptr };
-    std::unique_ptr<gguf_context, void (*)(gguf_context *)> g(gguf_init_from_file(meta_path, gp), gguf_free);
+    gguf_ptr g(gguf_init_from_file(meta_path, gp), gguf_free);
     if (!g) {
-        pls::set_err(err, err_size, std::string("synthetic model: cannot read the metadata GGUF ") + meta_path);
-        return -1;
+        refuse(std::string("cannot read the metadata GGUF ") + meta_path);
     }
     if (gguf_get_n_tensors(g.get()) != 0) {
-        pls::set_err(err, err_size, "synthetic model: the metadata GGUF must hold no tensors");
-        return -1;
+        refuse("the metadata GGUF must hold no tensors");
     }
+    return g;
+}
 
-    // tensor infos: a no_alloc ggml context holds the descriptors gguf needs for offsets and sizes
-    ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (n_tensors + 1), nullptr, /* .no_alloc = */ true };
-    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(ip), ggml_free);
-    std::vector<tensor_job> jobs((size_t) n_tensors);
+// One tensor checked and added to the GGUF (its descriptor in ctx), with the keys of its value streams.
+tensor_job describe_tensor(const pls_synth_tensor & src, int32_t i, gguf_context * g, ggml_context * ctx,
+                           uint64_t seed_key, uint64_t perturb_key) {
+    tensor_job t;
+    if (src.name == nullptr || src.name[0] == '\0' || strlen(src.name) >= GGML_MAX_NAME) {
+        refuse("tensor " + std::to_string(i) + " has no name or one of " + std::to_string(GGML_MAX_NAME) +
+               "+ characters");
+    }
+    t.name = src.name;
+    t.type = (ggml_type) src.type;
+    t.kind = src.kind;
+    if (src.type < 0 || src.type >= GGML_TYPE_COUNT || !supported_type(t.type)) {
+        refuse("tensor " + t.name + " has type " + std::to_string(src.type) + "; supported: F32, F16, Q8_0, Q4_0, Q6_K");
+    }
+    for (int d = 0; d < 4; ++d) {
+        t.ne[d] = src.ne[d];
+        if (t.ne[d] < 1) {
+            refuse("tensor " + t.name + " has a dimension < 1");
+        }
+    }
+    if (t.ne[0] % ggml_blck_size(t.type) != 0) {
+        refuse("tensor " + t.name + " has rows of " + std::to_string(t.ne[0]) + ", not a multiple of " +
+               ggml_type_name(t.type) + "'s block of " + std::to_string(ggml_blck_size(t.type)));
+    }
+    if (gguf_find_tensor(g, t.name.c_str()) >= 0) {
+        refuse("tensor " + t.name + " is listed twice");
+    }
+    ggml_tensor * gt = ggml_new_tensor(ctx, t.type, 4, t.ne);
+    ggml_set_name(gt, t.name.c_str());
+    gguf_add_tensor(g, gt);
+    t.row_bytes = ggml_row_size(t.type, t.ne[0]);
+    const uint64_t h = hash_name(src.name);
+    t.key = mix64(seed_key ^ h);
+    t.perturb_key = mix64(perturb_key ^ h ^ 0xd1b54a32d192ed03ull);
+    ggml_quantize_init(t.type);  // up front: its lazy init is not for concurrent first calls
+    return t;
+}
+
+std::vector<tensor_job> describe_tensors(const pls_synth_tensor * tensors, int32_t n_tensors, const pls_synth_params & p,
+                                         gguf_context * g, ggml_context * ctx) {
+    std::vector<tensor_job> jobs;
+    jobs.reserve((size_t) n_tensors);
     const uint64_t seed_key = mix64(((uint64_t) p.seed << 1) ^ 0x5eedull);
     const uint64_t perturb_key = mix64(((uint64_t) p.perturb_seed << 1) ^ 0x9e27ull);
     for (int32_t i = 0; i < n_tensors; ++i) {
-        const pls_synth_tensor & src = tensors[i];
-        tensor_job & t = jobs[(size_t) i];
-        if (src.name == nullptr || src.name[0] == '\0' || strlen(src.name) >= GGML_MAX_NAME) {
-            pls::set_err(err, err_size, "synthetic model: tensor " + std::to_string(i) + " has no name or one of " +
-                                            std::to_string(GGML_MAX_NAME) + "+ characters");
-            return -1;
-        }
-        t.name = src.name;
-        t.type = (ggml_type) src.type;
-        t.kind = src.kind;
-        if (src.type < 0 || src.type >= GGML_TYPE_COUNT || !supported_type(t.type)) {
-            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has type " + std::to_string(src.type) +
-                                            "; supported: F32, F16, Q8_0, Q4_0, Q6_K");
-            return -1;
-        }
-        for (int d = 0; d < 4; ++d) {
-            t.ne[d] = src.ne[d];
-            if (t.ne[d] < 1) {
-                pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has a dimension < 1");
-                return -1;
-            }
-        }
-        if (t.ne[0] % ggml_blck_size(t.type) != 0) {
-            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " has rows of " + std::to_string(t.ne[0]) +
-                                            ", not a multiple of " + ggml_type_name(t.type) + "'s block of " +
-                                            std::to_string(ggml_blck_size(t.type)));
-            return -1;
-        }
-        if (gguf_find_tensor(g.get(), t.name.c_str()) >= 0) {
-            pls::set_err(err, err_size, "synthetic model: tensor " + t.name + " is listed twice");
-            return -1;
-        }
-        ggml_tensor * gt = ggml_new_tensor(ctx.get(), t.type, 4, t.ne);
-        ggml_set_name(gt, t.name.c_str());
-        gguf_add_tensor(g.get(), gt);
-        t.row_bytes = ggml_row_size(t.type, t.ne[0]);
-        const uint64_t h = hash_name(src.name);
-        t.key = mix64(seed_key ^ h);
-        t.perturb_key = mix64(perturb_key ^ h ^ 0xd1b54a32d192ed03ull);
-        ggml_quantize_init(t.type);  // up front: its lazy init is not for concurrent first calls
+        jobs.push_back(describe_tensor(tensors[i], i, g, ctx, seed_key, perturb_key));
     }
+    return jobs;
+}
 
-    // chunks of whole rows, about 1M values each, in file order
+// chunks of whole rows, about 1M values each, in file order; total_bytes: the tensors' data without padding
+std::vector<chunk> plan_chunks(const std::vector<tensor_job> & jobs, uint64_t & total_bytes) {
     std::vector<chunk> chunks;
-    uint64_t total_bytes = 0;
+    total_bytes = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
         const tensor_job & t = jobs[i];
         const int64_t nrows = t.ne[1] * t.ne[2] * t.ne[3];
@@ -262,36 +277,90 @@ extern "C" int32_t pls_synth_write(const char * meta_path, const pls_synth_tenso
         }
         total_bytes += (uint64_t) nrows * t.row_bytes;
     }
+    return chunks;
+}
 
+// the output file, buffered through iobuf, with the GGUF's metadata written
+std::unique_ptr<FILE, file_closer> write_metadata(const char * path_out, gguf_context * g, std::vector<char> & iobuf) {
     std::unique_ptr<FILE, file_closer> f(fopen(path_out, "wb"));
     if (!f) {
-        pls::set_err(err, err_size, std::string("synthetic model: cannot open ") + path_out + ": " + errno_text());
-        return -1;
+        refuse(std::string("cannot open ") + path_out + ": " + errno_text());
     }
-    std::vector<char> iobuf(8 << 20);
     setvbuf(f.get(), iobuf.data(), _IOFBF, iobuf.size());
-    const size_t meta_size = gguf_get_meta_size(g.get());
-    {
-        std::vector<uint8_t> meta(meta_size);
-        gguf_get_meta_data(g.get(), meta.data());
-        if (fwrite(meta.data(), 1, meta.size(), f.get()) != meta.size()) {
-            pls::set_err(err, err_size, std::string("synthetic model: cannot write ") + path_out + ": " + errno_text());
-            return -1;
+    std::vector<uint8_t> meta(gguf_get_meta_size(g));
+    gguf_get_meta_data(g, meta.data());
+    if (fwrite(meta.data(), 1, meta.size(), f.get()) != meta.size()) {
+        refuse(std::string("cannot write ") + path_out + ": " + errno_text());
+    }
+    return f;
+}
+
+const uint8_t zeros[64] = { 0 };
+
+// zeros up to position `to` of the data section (false if the file refused them)
+bool pad_to(FILE * f, uint64_t & pos, uint64_t to) {
+    while (pos < to) {
+        const size_t n = (size_t) std::min<uint64_t>(sizeof(zeros), to - pos);
+        if (fwrite(zeros, 1, n, f) != n) {
+            return false;
+        }
+        pos += n;
+    }
+    return true;
+}
+
+// The tensors' data: worker threads fill chunks (a window of them ahead of the writer), the calling thread writes
+// them in file order, padding each tensor to the GGUF alignment, and reports progress (which may cancel).
+class data_writer {
+public:
+    data_writer(const std::vector<tensor_job> & jobs, const std::vector<chunk> & chunks, const pls_synth_params & p,
+                gguf_context * g, FILE * f, const char * path_out)
+        : jobs(jobs), chunks(chunks), p(p), g(g), f(f), path_out(path_out), done(chunks.size(), 0) {
+        n_threads = p.n_threads > 0 ? p.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+        n_threads = std::max(1, std::min<int>(n_threads, (int) std::max<size_t>(1, chunks.size())));
+        window = (size_t) std::max(8, 3 * n_threads);  // chunks in flight or waiting to be written
+        slots.resize(window);
+    }
+
+    // writes the data section; the position reached (within the data section) in pos
+    void run(uint64_t total_bytes, pls_synth_progress_cb progress, void * user_data, uint64_t & pos) {
+        std::vector<std::thread> pool;
+        pool.reserve((size_t) n_threads);
+        for (int i = 0; i < n_threads; ++i) {
+            pool.emplace_back([this] { work(); });
+        }
+        const int32_t rc = write_in_order(total_bytes, progress, user_data, pos);
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            stop = true;
+            cv.notify_all();
+        }
+        for (auto & th : pool) {
+            th.join();
+        }
+        if (!failure.empty()) {
+            throw synth_error{ failure, rc != 0 ? rc : -1 };
         }
     }
 
-    int n_threads = p.n_threads > 0 ? p.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
-    n_threads = std::max(1, std::min<int>(n_threads, (int) std::max<size_t>(1, chunks.size())));
-    const size_t window = (size_t) std::max(8, 3 * n_threads);  // chunks in flight or waiting to be written
-    std::vector<std::vector<uint8_t>> slots(window);
-    std::vector<char> done(chunks.size(), 0);
+private:
+    const std::vector<tensor_job> & jobs;
+    const std::vector<chunk> & chunks;
+    const pls_synth_params & p;
+    gguf_context * g;
+    FILE * f;
+    const char * path_out;
+    int n_threads = 1;
+    size_t window = 8;
+    std::vector<std::vector<uint8_t>> slots;
+    std::vector<char> done;
     std::mutex mu;
     std::condition_variable cv;
     size_t next = 0, written = 0;
     bool stop = false;
     std::string failure;
 
-    auto worker = [&]() {
+    void work() {
         std::vector<float> f32;
         for (;;) {
             size_t j;
@@ -324,84 +393,81 @@ extern "C" int32_t pls_synth_write(const char * meta_path, const pls_synth_tenso
             done[j] = 1;
             cv.notify_all();
         }
-    };
-    std::vector<std::thread> pool;
-    pool.reserve((size_t) n_threads);
-    for (int i = 0; i < n_threads; ++i) {
-        pool.emplace_back(worker);
     }
 
-    // the calling thread writes the chunks in order, padding each tensor to the GGUF alignment
-    const size_t align = gguf_get_alignment(g.get());
-    uint64_t pos = 0, data_done = 0;  // position within the data section
-    int32_t rc = 0;
-    static const uint8_t zeros[64] = { 0 };
-    for (size_t j = 0; j < chunks.size(); ++j) {
-        std::vector<uint8_t> out;
-        {
-            std::unique_lock<std::mutex> lk(mu);
-            cv.wait(lk, [&] { return stop || done[j]; });
-            if (!done[j]) {
-                break;
-            }
-            out.swap(slots[j % window]);
-        }
-        const chunk & c = chunks[j];
-        if (c.row0 == 0) {
-            const uint64_t want = gguf_get_tensor_offset(g.get(), (int64_t) c.tensor);
-            while (pos < want) {
-                const size_t n = (size_t) std::min<uint64_t>(sizeof(zeros), want - pos);
-                if (fwrite(zeros, 1, n, f.get()) != n) {
+    int32_t write_in_order(uint64_t total_bytes, pls_synth_progress_cb progress, void * user_data, uint64_t & pos) {
+        uint64_t data_done = 0;
+        int32_t rc = 0;
+        for (size_t j = 0; j < chunks.size(); ++j) {
+            std::vector<uint8_t> out;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                cv.wait(lk, [&] { return stop || done[j]; });
+                if (!done[j]) {
                     break;
                 }
-                pos += n;
+                out.swap(slots[j % window]);
+            }
+            const chunk & c = chunks[j];
+            const uint64_t offset = gguf_get_tensor_offset(g, (int64_t) c.tensor);
+            if (c.row0 == 0) {
+                pad_to(f, pos, offset);
+            }
+            const bool ok = pos == offset + (uint64_t) c.row0 * jobs[c.tensor].row_bytes &&
+                            fwrite(out.data(), 1, out.size(), f) == out.size();
+            pos += out.size();
+            data_done += out.size();
+            const bool cancel = ok && progress != nullptr && progress(user_data, data_done, total_bytes) != 0;
+            std::lock_guard<std::mutex> lk(mu);
+            slots[j % window].swap(out);
+            written = j + 1;
+            if (!ok || cancel) {
+                if (failure.empty()) {
+                    failure = !ok ? std::string("cannot write ") + path_out + ": " + errno_text() : "cancelled";
+                }
+                rc = cancel ? -2 : -1;
+                stop = true;
+            }
+            cv.notify_all();
+            if (stop) {
+                break;
             }
         }
-        bool ok = pos == gguf_get_tensor_offset(g.get(), (int64_t) c.tensor) +
-                             (uint64_t) c.row0 * jobs[c.tensor].row_bytes &&
-                  fwrite(out.data(), 1, out.size(), f.get()) == out.size();
-        pos += out.size();
-        data_done += out.size();
-        const bool cancel = ok && progress != nullptr && progress(user_data, data_done, total_bytes) != 0;
-        std::lock_guard<std::mutex> lk(mu);
-        slots[j % window].swap(out);
-        written = j + 1;
-        if (!ok || cancel) {
-            if (failure.empty()) {
-                failure = !ok ? std::string("cannot write ") + path_out + ": " + errno_text() : "cancelled";
-            }
-            rc = cancel ? -2 : -1;
-            stop = true;
+        return rc;
+    }
+};
+
+}  // namespace
+
+// A synthetic GGUF: the metadata GGUF's keys, then every tensor filled with seeded noise (see fill_rows), written
+// in file order while worker threads fill the chunks ahead of the writer.
+extern "C" int32_t pls_synth_write(const char * meta_path, const pls_synth_tensor * tensors, int32_t n_tensors,
+                                   const pls_synth_params * params, const char * path_out,
+                                   pls_synth_progress_cb progress, void * user_data, char * err, size_t err_size) {
+    pls::ensure_init();
+    try {
+        check_params(meta_path, tensors, n_tensors, params, path_out);
+        const pls_synth_params p = *params;
+        gguf_ptr g = open_metadata(meta_path);
+        // tensor infos: a no_alloc ggml context holds the descriptors gguf needs for offsets and sizes
+        ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (n_tensors + 1), nullptr, /* .no_alloc = */ true };
+        ggml_ptr ctx(ggml_init(ip), ggml_free);
+        const std::vector<tensor_job> jobs = describe_tensors(tensors, n_tensors, p, g.get(), ctx.get());
+        uint64_t total_bytes = 0;
+        const std::vector<chunk> chunks = plan_chunks(jobs, total_bytes);
+        std::vector<char> iobuf(8 << 20);
+        std::unique_ptr<FILE, file_closer> f = write_metadata(path_out, g.get(), iobuf);
+        uint64_t pos = 0;  // position within the data section
+        data_writer(jobs, chunks, p, g.get(), f.get(), path_out).run(total_bytes, progress, user_data, pos);
+        // the data section ends padded, as gguf's own writer leaves it
+        const size_t align = gguf_get_alignment(g.get());
+        pad_to(f.get(), pos, (pos + align - 1) / align * align);
+        if (fflush(f.get()) != 0 || ferror(f.get())) {
+            refuse(std::string("cannot write ") + path_out + ": " + errno_text());
         }
-        cv.notify_all();
-        if (stop) {
-            break;
-        }
+        return 0;
+    } catch (const synth_error & e) {
+        pls::set_err(err, err_size, "synthetic model: " + e.what);
+        return e.rc;
     }
-    {
-        std::lock_guard<std::mutex> lk(mu);
-        stop = true;
-        cv.notify_all();
-    }
-    for (auto & th : pool) {
-        th.join();
-    }
-    if (!failure.empty()) {
-        pls::set_err(err, err_size, "synthetic model: " + failure);
-        return rc != 0 ? rc : -1;
-    }
-    // the data section ends padded, as gguf's own writer leaves it
-    while (pos % align != 0) {
-        const size_t n = (size_t) std::min<uint64_t>(sizeof(zeros), align - pos % align);
-        if (fwrite(zeros, 1, n, f.get()) != n) {
-            break;
-        }
-        pos += n;
-    }
-    if (fflush(f.get()) != 0 || ferror(f.get())) {
-        pls::set_err(err, err_size, std::string("synthetic model: cannot write ") + path_out + ": " + errno_text());
-        return -1;
-    }
-    (void) meta_size;
-    return 0;
 }

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from ._native.header import MAX_DRAFT, MAX_SCHEDULE, MAX_SPEC_TYPES, MAX_STREAMS, MAX_TRACE, SPEC_TYPE_IDS, SPEC_TYPES
-from .errors import ConfigError
+from .errors import ConfigError, ConfigTypeError, ParamError
 
 # SPEC_TYPES: llama.cpp's names, in the order of upstream's enum common_speculative_type (from the header)
 SPEC_TYPE_ALIASES = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "mtp": "draft-mtp",
@@ -33,31 +33,40 @@ INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 UINT16_MAX = 2 ** 16 - 1
 UINT32_MAX = 2 ** 32 - 1
 MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: more aborts in its thread pool
+TOP_K_MAX = 1 << 24  # the largest top_k a native session takes
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _field(owner: str, name: str) -> str:
+    return f"{owner}.{name}" if owner else name
 
 
 def _check_int(owner: str, name: str, value: Any, lo: int = INT32_MIN, hi: int = INT32_MAX,
                hint: str = "") -> None:
-    """An integer (not a bool, not None) within lo..hi: what the native int32/uint32 field can hold."""
+    """An integer (not a bool, not None; numpy's integers count) within lo..hi: what the native int32/uint32 field
+    can hold."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{owner}.{name}={value!r} must be an integer{hint}")
+        raise ConfigTypeError(f"{_field(owner, name)}={value!r} must be an integer{hint}")
     if not lo <= value <= hi:
-        raise ConfigError(f"{owner}.{name}={value} must be within {lo}..{hi}{hint}")
+        raise ConfigError(f"{_field(owner, name)}={value} must be within {lo}..{hi}{hint}")
 
 
 def _check_float(owner: str, name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
-    """A finite number (NaN and infinities are refused) within lo..hi when given."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigError(f"{owner}.{name}={value!r} must be a finite number")
+    """A finite number (NaN and infinities are refused; numpy's numbers count) within lo..hi when given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigTypeError(f"{_field(owner, name)}={value!r} must be a finite number")
+    if not math.isfinite(value):
+        raise ConfigError(f"{_field(owner, name)}={value!r} must be a finite number")
     if hi is None and lo is not None and value < lo:
-        raise ConfigError(f"{owner}.{name}={value} must be >= {lo}")
+        raise ConfigError(f"{_field(owner, name)}={value} must be >= {lo}")
     if hi is not None and lo is not None and not lo <= value <= hi:
-        raise ConfigError(f"{owner}.{name}={value} must be within {lo}..{hi}")
+        raise ConfigError(f"{_field(owner, name)}={value} must be within {lo}..{hi}")
 
 
 def _check_bool(owner: str, name: str, value: Any, optional: bool = False) -> None:
     if not (isinstance(value, bool) or (optional and value is None)):
         allowed = "True, False or None" if optional else "True or False"
-        raise ConfigError(f"{owner}.{name}={value!r} must be {allowed}")
+        raise ConfigTypeError(f"{owner}.{name}={value!r} must be {allowed}")
 
 
 def _check_choice(owner: str, name: str, value: Any, choices: Sequence[str]) -> None:
@@ -155,6 +164,70 @@ class ModelConfig:
                 raise ConfigError(f"tensor override '{o}' is not PATTERN=BUFFER_TYPE (e.g. 'exps=CPU')")
 
 
+# Per-sequence settings, one limit (and so one message) per field: SequenceParams, the session-wide defaults in
+# SessionConfig, the server's request schemas and the native layer's checks all hold to these.
+#                name: (integer, lo, hi, hint)
+SEQUENCE_LIMITS: dict[str, tuple[bool, float | None, float | None, str]] = {
+    "n_predict": (True, -1, INT32_MAX, " (-1: until the end of generation or of the context)"),
+    "temp": (False, None, None, ""),
+    "top_k": (True, 0, TOP_K_MAX, " (0: off)"),
+    "top_p": (False, 0.0, 1.0, ""),
+    "min_p": (False, 0.0, 1.0, ""),
+    "seed": (True, 0, UINT32_MAX, f" ({UINT32_MAX}: a random seed)"),
+    "n_max": (True, 0, MAX_DRAFT, ""),
+    "n_min": (True, 0, MAX_DRAFT, ""),
+    "p_min": (False, 0.0, 1.0, ""),
+}
+
+
+def check_sequence_value(name: str, value: Any, owner: str = "") -> None:
+    """The one check of a per-sequence setting: ConfigTypeError for a wrong type, ConfigError naming the field
+    for a value out of its limits (SEQUENCE_LIMITS)."""
+    integer, lo, hi, hint = SEQUENCE_LIMITS[name]
+    try:
+        if integer:
+            _check_int(owner, name, value, int(lo), int(hi), hint)
+        else:
+            _check_float(owner, name, value, lo, hi)
+            if abs(float(value)) > FLOAT32_MAX:  # the native side holds a 32-bit float: 1e308 would be inf there
+                raise ConfigError(f"{_field(owner, name)}={value!r} is out of range (at most {FLOAT32_MAX:.4g} in "
+                                  f"magnitude)")
+    except ConfigTypeError:
+        raise
+    except ConfigError as e:
+        raise ParamError(name, str(e)) from None
+
+
+@dataclass(frozen=True)
+class SequenceParams:
+    """One sequence's settings in a running batch (SpecSession.submit, the server's requests). None: the
+    session's own (SessionConfig); n_max may only lower the session's draft ceiling. numpy's numbers are
+    accepted and stored as Python ints and floats."""
+
+    n_predict: int = -1
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name != "n_predict":
+                continue
+            check_sequence_value(f.name, value)
+            integer = SEQUENCE_LIMITS[f.name][0]
+            object.__setattr__(self, f.name, int(value) if integer else float(value))
+
+    def given(self) -> dict[str, Any]:
+        """The settings given (not None), n_predict included."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclass
 class SessionConfig:
     """A speculative session: what drafts, how much, and how the target samples."""
@@ -208,11 +281,11 @@ class SessionConfig:
         owner = "SessionConfig"
         if self.spec_types is not None:
             self.spec_types = parse_spec_types(self.spec_types)
-        _check_int(owner, "n_max", self.n_max, 0, MAX_DRAFT)
-        _check_int(owner, "n_min", self.n_min, 0, MAX_DRAFT)
+        check_sequence_value("n_max", self.n_max, owner)
+        check_sequence_value("n_min", self.n_min, owner)
         if self.n_min > self.n_max:
             raise ConfigError(f"n_min={self.n_min} must be within 0..n_max ({self.n_max})")
-        _check_float(owner, "p_min", self.p_min, 0.0, 1.0)
+        check_sequence_value("p_min", self.p_min, owner)
         _check_int(owner, "n_ctx", self.n_ctx, 8, hint=" (the context must hold a few tokens)")
         _check_int(owner, "n_ubatch", self.n_ubatch, 1)
         _check_int(owner, "n_batch", self.n_batch, 1)
@@ -228,11 +301,12 @@ class SessionConfig:
             _check_int(owner, "n_rs_seq", self.n_rs_seq, 0, MAX_DRAFT)
         for name in ("draft_backend_sampling", "margins", "force_reject"):
             _check_bool(owner, name, getattr(self, name))
-        _check_float(owner, "temp", self.temp)
+        check_sequence_value("temp", self.temp, owner)
+        # any int32 here; opening a session refuses what is outside 0..TOP_K_MAX
         _check_int(owner, "top_k", self.top_k)
-        _check_float(owner, "top_p", self.top_p, 0.0, 1.0)
-        _check_float(owner, "min_p", self.min_p, 0.0, 1.0)
-        _check_int(owner, "seed", self.seed, 0, UINT32_MAX, hint=f" ({UINT32_MAX}: a random seed)")
+        check_sequence_value("top_p", self.top_p, owner)
+        check_sequence_value("min_p", self.min_p, owner)
+        check_sequence_value("seed", self.seed, owner)
         # the n-gram sizes and hit count are 16-bit in upstream's settings
         for name in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"):
             _check_int(owner, name, getattr(self, name), 0, UINT16_MAX, hint=" (0: upstream's default)")

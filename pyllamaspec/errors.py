@@ -22,7 +22,7 @@ class ConfigError(PyllamaspecError, ValueError):
 
 
 class ConfigTypeError(ConfigError, TypeError):
-    """A value of the wrong type (caught as ConfigError, ValueError or TypeError)."""
+    """A configuration value is of the wrong type (a string where a number belongs, a float for an integer)."""
 
 
 class ParamError(ConfigError):

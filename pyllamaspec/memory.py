@@ -15,8 +15,7 @@ from . import _native
 from .config import ModelConfig, SessionConfig
 from .errors import MemoryBudgetError, ModelLoadError
 from .ggufinfo import check_model_file, detect_spec_types, read_summary
-from .model import native_model_params
-from .session import native_session_params
+from .native_params import native_model_params, native_session_params
 
 MiB = 2 ** 20
 

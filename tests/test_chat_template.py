@@ -16,19 +16,8 @@ from pyllamaspec.bench.plan import PromptMode
 from pyllamaspec.errors import ChatTemplateError, ConfigError
 
 from ckptfactory import CHATML_TEMPLATE, write_target_gguf
+from helpers import QWEN3_STYLE
 
-# the shape of Qwen3's template: thinking is on unless enable_thinking is false, which closes an empty block
-QWEN3_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
-)
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 HELLO = [{"role": "user", "content": "hello"}]
 USER_TURN = "<|im_start|>user\nhello<|im_end|>\n"

@@ -18,6 +18,7 @@ from pyllamaspec.cli import bench as bench_cmd
 from pyllamaspec.cli import flags
 from pyllamaspec.cli import generate as generate_cmd
 from pyllamaspec.cli import main
+from pyllamaspec.cli import session_flags
 from pyllamaspec.cli.app import build_parser
 from pyllamaspec.config import DEFAULT_N_MAX, SessionConfig
 
@@ -61,17 +62,17 @@ def test_llama_cpp_flags_reach_the_configuration() -> None:
     assert (target.n_gpu_layers, target.use_mmap, tuple(target.tensor_overrides), tuple(target.devices)) == (
         0, False, ("exps=CPU",), ("CUDA0", "CUDA1"))
     assert (drafter.n_gpu_layers, drafter.use_mmap, drafter.tensor_overrides) == (0, False, None)  # -ngld: as -ngl
-    cfg = generate_cmd.session_config(args, None, margins=False)
+    cfg = session_flags.session_config(args, None, margins=False)
     assert (cfg.n_threads, cfg.n_threads_batch, cfg.cache_type_k_draft, cfg.cache_type_v_draft) == (
         3, 5, "q8_0", "q4_0")
     assert (cfg.ngram_min_hits, cfg.flash_attn, cfg.temp) == (2, False, 0.5)
-    same = generate_cmd.session_config(subparser("generate").parse_args(["-t", "3"]), None, margins=False)
+    same = session_flags.session_config(subparser("generate").parse_args(["-t", "3"]), None, margins=False)
     assert same.n_threads_batch == 3  # -tb defaults to -t, as in llama.cpp
 
 
 def test_the_draft_ceiling_defaults_alike_in_the_api_generate_and_bench() -> None:
     generate_args = subparser("generate").parse_args([])
-    assert generate_cmd.session_config(generate_args, ("ngram-mod",), margins=False).n_max == DEFAULT_N_MAX
+    assert session_flags.session_config(generate_args, ("ngram-mod",), margins=False).n_max == DEFAULT_N_MAX
     assert SessionConfig().n_max == DEFAULT_N_MAX
     bench_args = subparser("bench").parse_args(["-m", "t.gguf", "--spec-type", "ngram-mod"])
     from pyllamaspec.bench.backends import PyllamaspecBackend

@@ -120,3 +120,82 @@ def test_thread_counts_beyond_what_llama_cpp_takes_are_refused():
         with pytest.raises(ConfigError, match=rf"{name}=2147483647 must be within 0..{MAX_THREADS}"):
             SessionConfig(**{name: 2 ** 31 - 1})
     assert SessionConfig(n_threads=MAX_THREADS).n_threads == MAX_THREADS
+
+
+# -- one sequence's settings -------------------------------------------------------------------------------------
+
+def test_sequence_params_take_numpy_scalars_as_python_numbers() -> None:
+    np = pytest.importorskip("numpy")
+    from pyllamaspec.config import SequenceParams
+
+    p = SequenceParams(n_predict=np.int64(12), temp=np.float32(0.5), top_k=np.int32(8), top_p=np.float64(0.9),
+                       seed=np.uint32(7), n_max=np.int16(3), p_min=np.float32(0.25))
+    assert (p.n_predict, p.top_k, p.seed, p.n_max) == (12, 8, 7, 3)
+    assert type(p.n_predict) is int and type(p.top_k) is int and type(p.temp) is float
+    assert p.temp == 0.5 and p.top_p == pytest.approx(0.9) and p.p_min == 0.25
+    assert p.given() == {"n_predict": 12, "temp": 0.5, "top_k": 8, "top_p": p.top_p, "seed": 7, "n_max": 3,
+                         "p_min": 0.25}
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", 2.0), ("top_k", "8"), ("seed", True), ("temp", "hot"),
+                                              ("n_predict", None), ("n_max", 1.5), ("p_min", [0.1])])
+def test_sequence_params_of_the_wrong_type_are_type_errors(field: str, value: object) -> None:
+    from pyllamaspec.config import SequenceParams
+    from pyllamaspec.errors import ConfigTypeError
+
+    with pytest.raises(TypeError, match=rf"^{field}=") as info:
+        SequenceParams(**{field: value})
+    assert isinstance(info.value, ConfigTypeError) and isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("n_predict", -2, r"^n_predict=-2 must be within -1\.\.2147483647"),
+    ("top_k", -1, r"^top_k=-1 must be within 0\.\.16777216"),
+    ("top_k", 2 ** 30, r"^top_k=1073741824 must be within 0\.\.16777216"),
+    ("top_p", 1.5, r"^top_p=1\.5 must be within 0\.0\.\.1\.0"),
+    ("min_p", -0.1, r"^min_p=-0\.1 must be within 0\.0\.\.1\.0"),
+    ("p_min", 2.0, r"^p_min=2\.0 must be within 0\.0\.\.1\.0"),
+    ("temp", math.nan, r"^temp=nan must be a finite number"),
+    ("seed", 2 ** 32, r"^seed=4294967296 must be within 0\.\.4294967295"),
+    ("n_max", 65, r"^n_max=65 must be within 0\.\.64"),
+    ("n_min", -1, r"^n_min=-1 must be within 0\.\.64"),
+])
+def test_sequence_params_out_of_range_name_the_field(field: str, value: object, message: str) -> None:
+    from pyllamaspec.config import SequenceParams
+
+    with pytest.raises(ValueError, match=message) as info:
+        SequenceParams(**{field: value})
+    assert isinstance(info.value, ConfigError) and not isinstance(info.value, TypeError)
+
+
+def test_a_sessions_defaults_and_a_sequences_settings_share_their_limits() -> None:
+    from pyllamaspec.config import SEQUENCE_LIMITS, SequenceParams
+
+    for field in ("top_p", "min_p", "p_min", "n_max", "seed"):
+        _integer, _lo, hi, _hint = SEQUENCE_LIMITS[field]
+        over = hi + 1
+        with pytest.raises(ConfigError) as session_error:
+            SessionConfig(**{field: over})
+        with pytest.raises(ConfigError) as sequence_error:
+            SequenceParams(**{field: over})
+        assert str(session_error.value) == f"SessionConfig.{sequence_error.value}"
+
+
+def test_the_servers_request_schema_holds_to_the_sequence_limits() -> None:
+    pytest.importorskip("pydantic")
+    from pydantic import ValidationError
+
+    from pyllamaspec.config import SEQUENCE_LIMITS
+    from pyllamaspec.server.schemas import CompletionRequest
+
+    for field, wire in (("top_k", "top_k"), ("top_p", "top_p"), ("min_p", "min_p")):
+        _integer, lo, hi, _hint = SEQUENCE_LIMITS[field]
+        CompletionRequest(prompt="x", **{wire: hi})
+        CompletionRequest(prompt="x", **{wire: lo})
+        with pytest.raises(ValidationError):
+            CompletionRequest(prompt="x", **{wire: hi + 1})
+    for field in ("n_max", "n_min", "p_min"):
+        _integer, lo, hi, _hint = SEQUENCE_LIMITS[field]
+        assert CompletionRequest(prompt="x", speculative={field: hi}).draft_settings() == {field: hi}
+        with pytest.raises(ValidationError):
+            CompletionRequest(prompt="x", speculative={field: hi + 1})

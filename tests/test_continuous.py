@@ -11,7 +11,8 @@ import pytest
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.errors import ConfigError, ContextOverflowError, SessionBusyError
 
-from test_sessions import NEAR_TIE
+from helpers import assert_equal_up_to_near_tie as assert_near
+from helpers import solo as solo_run
 
 PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1],
            [2, 4, 6, 8, 10, 12, 14], [11, 13, 17, 19, 23]]
@@ -19,16 +20,7 @@ N_PREDICT = 40
 
 
 def solo(target, prompt, n_predict=N_PREDICT):
-    with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=512)) as s:
-        return s.generate(prompt, n_predict)
-
-
-def assert_near(tokens, ref):
-    for i, (a, b) in enumerate(zip(tokens, ref.tokens)):
-        if a != b:
-            assert ref.margins[i] < NEAR_TIE, f"divergence at {i} where the margin is {ref.margins[i]:.4g}"
-            return
-    assert len(tokens) == len(ref.tokens)
+    return solo_run(target, prompt, n_predict)
 
 
 def run_until_idle(s, outputs, finished, submit_at=None, max_steps=10_000):

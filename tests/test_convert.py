@@ -258,7 +258,7 @@ def test_v1_metadata_tensors_tokenizer_provenance(tmp_path: Path, target: Path, 
     assert kv["pyllamaspec.converter.version"]
     assert kv["general.name"] == "ckpt"
 
-    # ggufmeta sees a dflash drafter
+    # ggufinfo sees a dflash drafter
     s = read_summary(o.path)
     assert (s.role, s.target_layers, s.block_size, s.mask_token_id) == ("dflash", (1, 2, 3), 16, 287)
 

@@ -108,7 +108,7 @@ def test_drafter_converted_against_a_directory_runs_exactly(tmp_path, dense_pair
     """End to end: the synthetic dense target's sizes as an HF directory, the drafter then run with its GGUF."""
     from pyllamaspec import Model, SessionConfig, SpecSession
 
-    from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, plain
+    from helpers import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, plain
 
     target_path, _ = dense_pair
     with Model(target_path) as target:

@@ -5,23 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession
-from pyllamaspec.tools.convert import convert_dflash
 from pyllamaspec.errors import PairingError
 
-from ckptfactory import write_dflash_checkpoint
-from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
-
-# (preset fixture, target n_embd, HF target layer ids) — ids < n_layer - 1 as upstream requires
-TARGETS = {"dense": ("dense_pair", 64, (0,)), "hybrid": ("hybrid_pair", 128, (0, 2))}
-
-
-def make_dflash(tmp_path_factory, target_path, n_embd, layer_ids, version, vocab=512, **kw):
-    d = tmp_path_factory.mktemp(f"dflash{version}")
-    ckpt = write_dflash_checkpoint(d / "ckpt", version=version, hidden=n_embd, n_layers=1, n_heads=4, n_kv_heads=2,
-                                   head_dim=n_embd // 4, intermediate=2 * n_embd, vocab=vocab,
-                                   target_layer_ids=layer_ids, num_target_layers=None, mask_token_id=vocab - 1,
-                                   dtype="f32", seed=11, **kw)
-    return convert_dflash(ckpt, target_path, d / "drafter.gguf", outtype="f32")
+from helpers import (N_PREDICT, PROMPT, TARGETS, assert_equal_up_to_near_tie, assert_stats_consistent, make_dflash,
+                     plain)
 
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])

@@ -9,11 +9,11 @@ import pytest
 
 from pyllamaspec import Model, SessionConfig, _native
 from pyllamaspec.ggufinfo import check_pair, open_gguf, read_summary
-from pyllamaspec.session import native_session_params
+from pyllamaspec.native_params import native_session_params
 from pyllamaspec.tools import synth
 
 from ckptfactory import rewrite_gguf
-from test_model_drafters import make_dflash
+from helpers import make_dflash
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from pyllamaspec import Model, SessionConfig, SpecSession  # noqa: E402
 
-from test_real_models import MIN_NEAR_TIE  # noqa: E402
-from test_sessions import NEAR_TIE  # noqa: E402
+from helpers import MIN_NEAR_TIE, NEAR_TIE  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1],
            [2, 4, 6, 8, 10, 12, 14], [11, 13, 17, 19, 23], [30, 31, 32, 33], [100, 200, 300, 400, 500]]
@@ -837,7 +836,7 @@ def test_real_pair_served_greedy_equals_generate(real_pair, tmp_path):
 def test_chat_template_kwargs_switch_reasoning_per_request(models):
     from pyllamaspec.server.app import create_app
 
-    from test_chat_template import QWEN3_STYLE
+    from helpers import QWEN3_STYLE
 
     app = create_app(_loader(models, 1), chat_template=QWEN3_STYLE, enable_thinking=None)
     with InProcessServer(app) as s:

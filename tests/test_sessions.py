@@ -12,61 +12,7 @@ from pyllamaspec.tools import synth
 from pyllamaspec.errors import (ConfigError, ContextOverflowError, GenerationError, ModelLoadError, PairingError,
                                 PlacementError, PyllamaspecError)
 
-N_PREDICT = 48
-
-
-def _near_tie() -> float:
-    """Logit units. CPU kernels differ by batch shape at ~1e-5 relative; GPU kernels (tensor-core tiles, split-K
-    reductions chosen per batch size) moved the tiny models' margins by up to ~5e-3 on an H200."""
-    from pyllamaspec import _native
-
-    gpu = any(b in ("cuda", "hip", "vulkan", "metal") for b in _native.build_info().get("backends", []))
-    return 1e-2 if gpu else 1e-3
-
-
-NEAR_TIE = _near_tie()
-PROMPT = [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7]
-
-
-def plain(target: Model, n_predict: int = N_PREDICT, prompt=PROMPT, **cfg):
-    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], margins=True, n_ctx=512, **cfg)) as s:
-        return s.generate(prompt, n_predict)
-
-
-def assert_equal_up_to_near_tie(spec_tokens, ref):
-    """Identical, or the first divergence sits where the plain run's top-2 margin is a near-tie."""
-    for i, (a, b) in enumerate(zip(spec_tokens, ref.tokens)):
-        if a != b:
-            assert ref.margins[i] < NEAR_TIE, (
-                f"divergence at {i} where the target's margin is {ref.margins[i]:.4g} (not a near-tie)")
-            return
-    assert len(spec_tokens) == len(ref.tokens)
-
-
-def assert_stats_consistent(st):
-    assert 0 <= st.n_accepted <= st.n_drafted
-    assert sum(st.accepted_per_position) == st.n_accepted
-    assert sum(st.drafted_per_position) == st.n_drafted
-    assert all(a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position))
-    # a position can only be accepted when every earlier one was
-    assert all(x >= y for x, y in zip(st.accepted_per_position, st.accepted_per_position[1:]))
-    if st.n_steps:
-        assert st.mean_accepted_length == pytest.approx(1 + st.n_accepted / st.n_steps)
-
-
-@pytest.fixture(scope="module")
-def dense(dense_pair):
-    t, d = dense_pair
-    with Model(t) as target, Model(d) as drafter:
-        yield target, drafter, plain(target)
-
-
-@pytest.fixture(scope="module")
-def hybrid(hybrid_pair):
-    t, d = hybrid_pair
-    with Model(t) as target, Model(d) as drafter:
-        yield target, drafter, plain(target)
-
+from helpers import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
 
 def test_plain_generation_is_deterministic(dense):
     target, _, ref = dense

@@ -15,8 +15,7 @@ from pyllamaspec.tools import synth
 from pyllamaspec.cli import main as cli_main
 from pyllamaspec.errors import ConfigError, ContextOverflowError
 
-from test_model_drafters import TARGETS, make_dflash
-from test_sessions import N_PREDICT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
+from helpers import N_PREDICT, TARGETS, assert_equal_up_to_near_tie, assert_stats_consistent, make_dflash, plain
 
 PROMPTS = [
     [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7],

@@ -19,7 +19,7 @@ from pyllamaspec.errors import ConfigError
 from pyllamaspec.ggufinfo import read_summary
 from pyllamaspec.tools.quantize import quantize
 
-from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
+from helpers import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, assert_stats_consistent, plain
 
 # spans several writer chunks (token_embd alone is 2M values) and has rows of 256 (Q6_K-able head)
 WIDE = synth.TargetShape(arch="qwen3", n_vocab=8192, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512)

@@ -67,11 +67,8 @@ def test_detokenize_of_ids_outside_the_vocabulary_is_refused(target):
         target.detokenize("abc")
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         target.token_bytes(2 ** 40)
-    with pytest.raises(ConfigError, match="outside the vocabulary"):
-        target.is_eog(-5)
     ids = target.tokenize("hello world", add_special=False)
     assert target.detokenize(np.array(ids, dtype=np.int32)) == target.detokenize(ids)
-    assert target.is_eog(np.int64(ids[0])) in (True, False)
 
 
 def test_numpy_prompts_and_indices_are_accepted(dense_pair, target):
@@ -80,9 +77,9 @@ def test_numpy_prompts_and_indices_are_accepted(dense_pair, target):
         assert s.generate(np.array([1, 5, 9, 2], dtype=np.int64), 6).tokens == ref
         with pytest.raises(ConfigError, match="outside the vocabulary"):
             s.detokenize([target.info.n_vocab])
-        with pytest.raises(ConfigError, match="n_max=-5 must be >= 0"):
+        with pytest.raises(ConfigError, match=r"n_max=-5 must be within 0\.\."):
             s.submit([1, 2, 3], 4, n_max=-5)
-        with pytest.raises(ConfigError, match="n_min=-2 must be >= 0"):
+        with pytest.raises(ConfigError, match=r"n_min=-2 must be within 0\.\."):
             s.submit([1, 2, 3], 4, n_min=-2)
         for name, value in (("top_k", -2 ** 40), ("top_k", 2 ** 40), ("seed", 2 ** 40), ("n_max", 2 ** 40),
                             ("temp", 1e308), ("min_p", -1e300)):

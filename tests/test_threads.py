@@ -14,7 +14,7 @@ import pytest
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.errors import GenerationError, ModelLoadError, SessionBusyError
 
-from test_sessions import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, dense, plain  # noqa: F401 (fixture)
+from helpers import N_PREDICT, PROMPT, assert_equal_up_to_near_tie, plain
 
 LONG = 400  # tokens: long enough that another thread acts while it runs
 

@@ -95,6 +95,83 @@ def _paired_ratio(runs: Sequence[RunOutcome], baseline: Sequence[RunOutcome]) ->
     return ratio_range(ours, theirs).to_dict()
 
 
+def _group_outcomes(outcomes: Sequence[RunOutcome]) -> tuple[dict, dict]:
+    """The measured runs and the warm-up throughputs, per (arm, content class, depth)."""
+    measured: dict[tuple[str, str, int], list[RunOutcome]] = {}
+    warmups: dict[tuple[str, str, int], list[float]] = {}
+    for outcome in outcomes:
+        key = (outcome.step.arm, outcome.step.content_class, outcome.step.depth)
+        if outcome.step.kind == "measure":
+            measured.setdefault(key, []).append(outcome)
+        elif outcome.step.kind == "warmup":
+            warmups.setdefault(key, []).append(outcome.result.tokens_per_second)
+    return measured, warmups
+
+
+def _arm_fields(arm: Arm) -> dict:
+    return {
+        "arm": arm.name,
+        "arm_kind": arm.kind,
+        "spec_types": list(arm.spec_types),
+        "n_max": arm.n_max,
+        "drafter": arm.drafter,
+        "force_reject": arm.force_reject,
+        "adaptive": arm.adaptive,
+        "synthetic": arm.synthetic,
+        "mode": arm.mode.to_dict(),
+        "mode_label": arm.mode.label,
+    }
+
+
+def _run_fields(runs: Sequence[RunOutcome], warmups: list[float]) -> dict:
+    """The runs one by one, and their throughput summarized."""
+    results = [run.result for run in runs]
+    summary = summarize([result.tokens_per_second for result in results])
+    return {
+        "filler_tokens": runs[0].filler_tokens,
+        "prompt_tokens": _median_or_none([result.n_prompt for result in results]),
+        "runs": [result.tokens_per_second for result in results],
+        "run_prompts": [run.prompt_id for run in runs],
+        "run_contaminated": [run.contaminated for run in runs],
+        "n_generated": [result.n_generated for result in results],
+        "warmup_discarded": warmups,
+        "median_tps": summary.median,
+        "min_tps": summary.min,
+        "max_tps": summary.max,
+        "spread_pct": summary.spread_pct,
+        "mad_tps": summary.mad,
+        "iqr_tps": summary.iqr,
+    }
+
+
+def _acceptance_fields(results: Sequence[RunResult]) -> dict:
+    drafted = sum(result.n_drafted or 0 for result in results)
+    accepted = sum(result.n_accepted or 0 for result in results)
+    steps = [result.n_steps for result in results if result.n_steps]
+    session_lengths = [(result.mean_accepted_length, result.n_steps) for result in results
+                       if result.mean_accepted_length is not None and result.n_steps]
+    return {
+        "acceptance": accepted / drafted if drafted else None,
+        # the session's own figure, step-weighted; tokens_per_step is derived from counts instead, so it does
+        # not depend on whether an accepted length counts the target's own token
+        "mean_accepted_length": (sum(length * n for length, n in session_lengths)
+                                 / sum(n for _, n in session_lengths)) if session_lengths else None,
+        "tokens_per_step": (sum(result.n_generated for result in results if result.n_steps) / sum(steps)
+                            if steps else None),
+        "accepted_per_position": sum_by_position([result.accepted_per_position for result in results]),
+        "drafted_per_position": sum_by_position([result.drafted_per_position for result in results]),
+    }
+
+
+def _telemetry_fields(runs: Sequence[RunOutcome]) -> dict:
+    samples = [sample for run in runs for sample in run.telemetry]
+    return {
+        "temperature_c": _value_range([sample.temperature_c for sample in samples]),
+        "sm_clock_mhz": _value_range([sample.sm_clock_mhz for sample in samples]),
+        "power_w": _value_range([sample.power_w for sample in samples]),
+    }
+
+
 def build_records(
     arms: Sequence[Arm],
     outcomes: Sequence[RunOutcome],
@@ -108,14 +185,7 @@ def build_records(
     batch (teacher-forced on the reference's own tokens); divergences within it count as ties."""
     arms_by_name = {arm.name: arm for arm in arms}
     plain = next(arm for arm in arms if arm.is_plain)
-    measured: dict[tuple[str, str, int], list[RunOutcome]] = {}
-    warmups: dict[tuple[str, str, int], list[float]] = {}
-    for outcome in outcomes:
-        key = (outcome.step.arm, outcome.step.content_class, outcome.step.depth)
-        if outcome.step.kind == "measure":
-            measured.setdefault(key, []).append(outcome)
-        elif outcome.step.kind == "warmup":
-            warmups.setdefault(key, []).append(outcome.result.tokens_per_second)
+    measured, warmups = _group_outcomes(outcomes)
 
     # Every figure is marked once anything was seen, not only the runs it was seen in: speedups pair each arm with
     # the plain arm's run of the same round, and a tenant seen once was likely there, below threshold, elsewhere.
@@ -123,53 +193,13 @@ def build_records(
     records = []
     for (arm_name, content_class, depth), runs in measured.items():
         arm = arms_by_name[arm_name]
-        results = [run.result for run in runs]
-        summary = summarize([result.tokens_per_second for result in results])
-        drafted = sum(result.n_drafted or 0 for result in results)
-        accepted = sum(result.n_accepted or 0 for result in results)
-        steps = [result.n_steps for result in results if result.n_steps]
-        session_lengths = [(result.mean_accepted_length, result.n_steps) for result in results
-                           if result.mean_accepted_length is not None and result.n_steps]
-        accepted_per_position = sum_by_position([result.accepted_per_position for result in results])
-        drafted_per_position = sum_by_position([result.drafted_per_position for result in results])
         baseline = arms_by_name.get(arm.compare_to) if arm.compare_to else None
-        samples = [sample for run in runs for sample in run.telemetry]
-        findings = {finding.describe() for run in runs for finding in run.findings}
         records.append({
-            "arm": arm_name,
-            "arm_kind": arm.kind,
-            "spec_types": list(arm.spec_types),
-            "n_max": arm.n_max,
-            "drafter": arm.drafter,
-            "force_reject": arm.force_reject,
-            "adaptive": arm.adaptive,
-            "synthetic": arm.synthetic,
-            "mode": arm.mode.to_dict(),
-            "mode_label": arm.mode.label,
+            **_arm_fields(arm),
             "class": content_class,
             "depth": depth,
-            "filler_tokens": runs[0].filler_tokens,
-            "prompt_tokens": _median_or_none([result.n_prompt for result in results]),
-            "runs": [result.tokens_per_second for result in results],
-            "run_prompts": [run.prompt_id for run in runs],
-            "run_contaminated": [run.contaminated for run in runs],
-            "n_generated": [result.n_generated for result in results],
-            "warmup_discarded": warmups.get((arm_name, content_class, depth), []),
-            "median_tps": summary.median,
-            "min_tps": summary.min,
-            "max_tps": summary.max,
-            "spread_pct": summary.spread_pct,
-            "mad_tps": summary.mad,
-            "iqr_tps": summary.iqr,
-            "acceptance": accepted / drafted if drafted else None,
-            # the session's own figure, step-weighted; tokens_per_step is derived from counts instead, so it does
-            # not depend on whether an accepted length counts the target's own token
-            "mean_accepted_length": (sum(length * n for length, n in session_lengths)
-                                     / sum(n for _, n in session_lengths)) if session_lengths else None,
-            "tokens_per_step": (sum(result.n_generated for result in results if result.n_steps) / sum(steps)
-                                if steps else None),
-            "accepted_per_position": accepted_per_position,
-            "drafted_per_position": drafted_per_position,
+            **_run_fields(runs, warmups.get((arm_name, content_class, depth), [])),
+            **_acceptance_fields([run.result for run in runs]),
             "equal_to_plain": _equivalence(arm, plain, runs, references, margin_tolerance, noise or {}),
             "speedup_vs_plain": None if arm.is_plain else _paired_ratio(runs, measured.get(
                 (plain.name, content_class, depth), [])),
@@ -177,12 +207,8 @@ def build_records(
                 (baseline.name, content_class, depth), [])) or {})} if baseline else None),
             "cold_start_each_run": arm.kind == "speculative-simple",
             "contaminated": contaminated,
-            "cotenant_findings": sorted(findings),
-            "telemetry": {
-                "temperature_c": _value_range([sample.temperature_c for sample in samples]),
-                "sm_clock_mhz": _value_range([sample.sm_clock_mhz for sample in samples]),
-                "power_w": _value_range([sample.power_w for sample in samples]),
-            },
+            "cotenant_findings": sorted({finding.describe() for run in runs for finding in run.findings}),
+            "telemetry": _telemetry_fields(runs),
         })
     return records
 

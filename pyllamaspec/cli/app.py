@@ -11,8 +11,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import PyllamaspecError
-
-PROG = "pyllamaspec"
+from .output import PROG, error_line
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
@@ -28,14 +27,6 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
-def error_line(message: object) -> str:
-    return f"{PROG}: error: {message}"
-
-
-def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse with the package's error format (subcommand parsers are made of the same class)."""
 
@@ -47,15 +38,14 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from .. import server
-    from . import bench, convert, download, generate, info, inspect, quantize, synth
+    from . import bench, convert, download, generate, info, inspect, quantize, serve, synth
 
     ap = Parser(prog=PROG, description="Fast, exact speculative decoding of GGUF models")
     ap.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     ap.add_argument("-v", "--verbose", action="count", default=0,
                     help="llama.cpp logs on stderr: -v warnings, -vv info, -vvv debug (default: errors only)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, info, inspect, convert, quantize, download, synth, bench, server):
+    for command in (generate, info, inspect, convert, quantize, download, synth, bench, serve):
         command.register(sub)
     return ap
 
@@ -68,10 +58,9 @@ def run_command(args: argparse.Namespace) -> int:
         previous_sigterm = None
     try:
         if getattr(args, "verbose", 0):
-            from .. import _native
+            from ..native_tools import set_log_level
 
-            _ffi, lib = _native.load()
-            lib.pls_set_log_level(min(3, args.verbose))
+            set_log_level(args.verbose)
         return args.func(args)
     except PyllamaspecError as e:
         print(error_line(e), file=sys.stderr)

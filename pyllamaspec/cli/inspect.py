@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
           else format_pair(target, drafter, report))
     if report.ok:
         return EXIT_OK
-    from .app import error_line
+    from .output import error_line
 
     n = len(report.problems)
     print(error_line(f"{args.pair} cannot draft for {args.file}: {n} problem{'s' * (n != 1)} (reported on stdout)"),

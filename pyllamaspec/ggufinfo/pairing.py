@@ -3,7 +3,7 @@
 It works on GGUF headers alone (summary.GGUFSummary), so the session API can refuse a bad pair before any
 native allocation, and `inspect --pair` and the converter (which describes the drafter it is about to write
 as a summary) give the same verdict. The rules mirror what the vendored llama.cpp checks or silently assumes
-(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp, and native/session.cpp's validate());
+(common/speculative.cpp, src/models/dflash.cpp, src/models/eagle3.cpp, and native/session_open.cpp's validate_pair());
 each problem names the field, both sides' values and what to do. tests/test_pairing_parity.py holds the
 verdict to what a native session accepts.
 """
@@ -22,7 +22,7 @@ from .summary import GGUFSummary
 # Hidden-state drafters (DFlash, EAGLE3) read the INPUT of target layer L (GGUF id = HF id + 1). Target graphs
 # record those inputs (res->t_layer_inp) only in these archs (upstream src/models/*.cpp at the pinned commit),
 # and only for L < n_layer, except the few that also record the final one. Anything else trips a GGML_ASSERT.
-# native/session.cpp guards the same rule for callers that skip this module.
+# native/session_open.cpp guards the same rule for callers that skip this module.
 LAYER_INPUT_ARCHS = frozenset({
     "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
     "deepseek4", "nemotron_h", "nemotron_h_moe", "bailingmoe3", "hunyuan_vl", "gpt-oss", "lfm2", "lfm2moe",
@@ -276,7 +276,7 @@ class _PairChecker:
             return
         # EAGLE3 states the target hidden size it was trained on (its fc reads 3 target layers of that width),
         # and it embeds tokens with the target's embeddings, so its own width must be the target's as well
-        # (native/session.cpp refuses any other width)
+        # (native/session_open.cpp refuses any other width)
         target = self.target
         trained_for = drafter.target_hidden_size
         if trained_for is not None and trained_for != target.n_embd:

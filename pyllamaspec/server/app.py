@@ -1,15 +1,16 @@
 """OpenAI-compatible HTTP endpoints (and llama-server's /health, /tokenize, /detokenize, /metrics) over one
-Engine. The model loads in a thread after the port is open: /health answers 503 until it is ready."""
+Engine. The model loads in a thread after the port is open: /health answers 503 until it is ready.
+
+The HTTP layer: it turns requests into jobs, the engine's conditions (busy, draining, a failed job) into status
+codes, and results into the bodies responses.py shapes."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import threading
 import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -21,16 +22,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..config import UINT32_MAX, SequenceParams
 from ..errors import ConfigError
-from .engine import STARTED, Delta, Engine, Final, Job, Sampling
+from .engine import STARTED, Delta, Engine, EngineBusy, EngineDraining, Final, Job, JobFailed
 from .metrics import ServerMetrics
 from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                      loading_error)
+from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, shutdown_error, sse,
+                        token_pieces_body)
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 log = logging.getLogger("pyllamaspec.server")
-
-FINGERPRINT = f"pyllamaspec-{__version__}"
 
 
 @dataclass
@@ -154,7 +155,7 @@ class ServerState:
         if status == "loading":
             raise loading_error()
         if status == "draining" or status == "closed":
-            raise APIError(503, "the server is shutting down", "unavailable_error")
+            raise shutdown_error()
         if status == "failed" or engine is None:
             raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
         return engine
@@ -206,19 +207,32 @@ def _close_loaded(loaded: Loaded) -> None:
             m.close()
 
 
-# -- wire formats -----------------------------------------------------------------------------------
+# -- from requests to jobs, from the engine's conditions to status codes ------------------------------
 
 
-def _sampling(req) -> Sampling:
+def _sequence_params(req) -> SequenceParams:
     n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
-    seed = 0xFFFFFFFF if req.seed == -1 else req.seed
-    return Sampling(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
-                    seed=seed, stop=tuple(req.stop_strings()), **req.draft_settings())
+    seed = UINT32_MAX if req.seed == -1 else req.seed
+    return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                          min_p=req.min_p, seed=seed, **req.draft_settings())
 
 
-def _sse(obj) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
+def _refusal_error(e: EngineBusy | EngineDraining) -> APIError:
+    if isinstance(e, EngineDraining):
+        return shutdown_error()
+    return APIError(429, str(e), "rate_limit_exceeded", code="rate_limit_exceeded", headers={"Retry-After": "1"})
+
+
+def _job_error(failed: JobFailed) -> APIError:
+    if failed.kind == "context":
+        return APIError(400, failed.message, param=failed.param, code="context_length_exceeded")
+    if failed.kind == "invalid":
+        return APIError(400, failed.message, param=failed.param)
+    if failed.kind == "shutdown":
+        return shutdown_error()
+    if failed.kind == "no_slot":
+        return APIError(503, failed.message, "unavailable_error")
+    return APIError(500, failed.message, "server_error")
 
 
 class _SSEResponse(StreamingResponse):
@@ -259,56 +273,36 @@ async def _unless_disconnected(awaitable, request: Request):
     raise ClientGone()
 
 
-class _Generation:
-    """One chat or text completion: the response bodies of both kinds, streamed or whole."""
+class _Completion:
+    """One chat or text completion: the job's results sent as a stream of chunks, or as one body."""
 
     def __init__(self, state: ServerState, req, kind: str) -> None:
         self.state = state
-        self.req = req
-        self.chat = kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-    def _envelope(self, choices: list, **extra) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
-               "system_fingerprint": FINGERPRINT, "choices": choices}
-        if self.include_usage:
-            out["usage"] = None
-        out.update(extra)
-        return out
-
-    def _choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if self.req.return_tokens:
-            c["tokens"] = tokens
-        return c
+        self.return_tokens = req.return_tokens
+        self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
+                                       include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     async def stream(self, job: Job) -> AsyncIterator[bytes]:
         engine = self.state.engine
+        b = self.bodies
         try:
-            if self.chat:
-                yield _sse(self._envelope([self._choice(None, [], None, role=True)]))
+            if b.chat:
+                yield sse(b.chunk([b.delta_choice(None, [], None, role=True)]))
             while True:
                 item = await job.queue.get()
                 if isinstance(item, Delta):
-                    if item.text or self.req.return_tokens:   # text held back (a stop string may begin): no chunk
-                        yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
+                    if item.text or self.return_tokens:   # text held back (a stop string may begin): no chunk
+                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
                 elif isinstance(item, Final):
-                    if item.text or (item.tokens and self.req.return_tokens):
-                        yield _sse(self._envelope([self._choice(item.text, item.tokens, None)]))
-                    yield _sse(self._envelope([self._choice(None, [], item.finish_reason)], timings=item.timings))
-                    if self.include_usage:
-                        yield _sse(self._envelope([], usage=item.usage, timings=item.timings))
-                    yield _sse("[DONE]")
+                    if item.text or (item.tokens and self.return_tokens):
+                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
+                    yield sse(b.chunk([b.delta_choice(None, [], item.finish_reason)], timings=item.timings))
+                    if b.include_usage:
+                        yield sse(b.chunk([], usage=item.usage, timings=item.timings))
+                    yield sse("[DONE]")
                     return
-                elif isinstance(item, APIError):
-                    yield _sse(item.body())
+                elif isinstance(item, JobFailed):
+                    yield sse(_job_error(item).body())
                     return
         finally:
             engine.cancel(job)  # the client went away (or the stream ended: then a no-op)
@@ -317,35 +311,28 @@ class _Generation:
         texts, tokens = [], []
         while True:
             item = await job.queue.get()
-            if isinstance(item, APIError):
-                raise item
+            if isinstance(item, JobFailed):
+                raise _job_error(item)
             texts.append(item.text)
             tokens.extend(item.tokens)
             if isinstance(item, Final):
                 break
-        text = "".join(texts)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": item.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": item.finish_reason}
-        if self.req.return_tokens:
-            choice["tokens"] = tokens
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.state.model_name, "system_fingerprint": FINGERPRINT,
-                "choices": [choice], "usage": item.usage, "timings": item.timings}
+        return self.bodies.whole("".join(texts), tokens, item.finish_reason, item.usage, item.timings)
 
 
 async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int]) -> Response:
     engine = state.require_ready()
     prompt_param = "messages" if kind == "chat" else "prompt"
-    job = Job(tokens, _sampling(req), asyncio.get_running_loop(), prompt_param)
-    engine.submit(job)
-    gen = _Generation(state, req, kind)
+    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, tuple(req.stop_strings()))
+    try:
+        engine.submit(job)
+    except (EngineBusy, EngineDraining) as e:
+        raise _refusal_error(e) from None
+    gen = _Completion(state, req, kind)
     try:
         first = await _unless_disconnected(job.queue.get(), request)
-        if isinstance(first, APIError):
-            raise first
+        if isinstance(first, JobFailed):
+            raise _job_error(first)
         assert first is STARTED
         if req.stream:
             return _SSEResponse(gen.stream(job), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -440,6 +427,33 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
     if api_key:
         app.add_middleware(_APIKey, key=api_key)
     app.add_middleware(RequestLimits, max_body_bytes=max_body_bytes)  # outermost: before anything reads the body
+    _add_error_handlers(app)
+    _add_server_routes(app, state)
+    _add_generation_routes(app, state)
+    _add_token_routes(app, state)
+    return app
+
+
+def _validation_error_response(exc: RequestValidationError) -> JSONResponse:
+    """A request body that does not validate, as OpenAI's 400 naming the parameter."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return _error_response(APIError(400, "the request body is not valid JSON: "
+                                             f"{first.get('ctx', {}).get('error', first['msg'])}"))
+    param = _param(tuple(first.get("loc", ())))
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "missing" and param:
+        msg = f"'{param}' is required"
+    elif param:
+        msg = f"{msg} ({param})"
+    elif first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+        msg = "the request body must be a JSON object"
+    return _error_response(APIError(400, msg, param=param))
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every failure answers with OpenAI's error object."""
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
@@ -447,20 +461,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            return _error_response(APIError(400, "the request body is not valid JSON: "
-                                                 f"{first.get('ctx', {}).get('error', first['msg'])}"))
-        param = _param(tuple(first.get("loc", ())))
-        msg = first.get("msg", "invalid value")
-        if first.get("type") == "missing" and param:
-            msg = f"'{param}' is required"
-        elif param:
-            msg = f"{msg} ({param})"
-        elif first.get("type") in ("model_attributes_type", "dict_type", "missing"):
-            msg = "the request body must be a JSON object"
-        return _error_response(APIError(400, msg, param=param))
+        return _validation_error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request, exc: StarletteHTTPException):
@@ -472,29 +473,30 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
         log.exception("unexpected error")
         return _error_response(APIError(500, f"internal error: {exc}", "server_error"))
 
+
+def _add_server_routes(app: FastAPI, state: ServerState) -> None:
+    """/health, the model list and /metrics."""
+
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
-        if state.status == "loading":
-            return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
-                                status_code=503)
-        if state.status != "ready":
-            return JSONResponse({"error": {"code": 503, "message": "Server is not available: " + state.status,
-                                           "type": "unavailable_error"}}, status_code=503)
-        return {"status": "ok"}
+        body, status = health_body(state.status)
+        return JSONResponse(body, status_code=status) if status != 200 else body
 
     @app.get("/v1/models")
     @app.get("/models")
     async def models():
         state.require_ready()
-        t = state.loaded.target
-        info = state.loaded.session.info
-        return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "pyllamaspec",
-            "meta": {"n_vocab": t.info.n_vocab, "n_ctx_train": t.info.n_ctx_train, "n_embd": t.info.n_embd,
-                     "n_params": t.info.n_params, "size": t.info.size_bytes, "n_ctx": info.n_ctx,
-                     "n_parallel": info.n_parallel, "spec_types": list(info.spec_types),
-                     "n_max": info.n_max_effective}}]}
+        return models_body(state.model_name, state.created, state.loaded.target.info, state.loaded.session.info)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    """Chat and text completions."""
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
@@ -512,6 +514,10 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
         tokens = await run_interruptible(state, request, state.completion_tokens, req)
         return await _generate(state, request, req, "text", tokens)
 
+
+def _add_token_routes(app: FastAPI, state: ServerState) -> None:
+    """llama-server's /tokenize and /detokenize."""
+
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         state.require_ready()
@@ -519,17 +525,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
 
         def work():
             tokens = target.tokenize(req.content, add_special=req.add_special)
-            if not req.with_pieces:
-                return {"tokens": tokens}
-            pieces = []
-            for t in tokens:
-                b = target.token_bytes(t)
-                try:
-                    piece = b.decode("utf-8")
-                except UnicodeDecodeError:
-                    piece = list(b)
-                pieces.append({"id": t, "piece": piece})
-            return {"tokens": pieces}
+            return token_pieces_body(tokens, target.token_bytes) if req.with_pieces else {"tokens": tokens}
 
         return await run_in_threadpool(work)
 
@@ -538,10 +534,3 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
         state.require_ready()
         state.check_tokens(req.tokens, "tokens")
         return {"content": await run_in_threadpool(state.loaded.target.detokenize, req.tokens)}
-
-    @app.get("/metrics")
-    async def metrics():
-        body, content_type = state.metrics.render()
-        return Response(body, media_type=content_type)
-
-    return app

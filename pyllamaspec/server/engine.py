@@ -5,6 +5,10 @@ The engine thread admits queued jobs into free slots (SpecSession.submit), steps
 (SpecSession.step_sequences, the GIL released inside), turns each step's tokens into UTF-8-safe text cut at
 stop strings, and hands the results to each job's asyncio queue with loop.call_soon_threadsafe. With
 nothing to run it sleeps on a condition variable.
+
+The engine speaks of conditions, not of HTTP: a job it cannot take raises EngineBusy or EngineDraining, and a
+job that ends without a result receives a JobFailed naming what went wrong; the HTTP layer (app.py) maps each to
+its status code and body.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..config import SequenceParams
 from ..errors import ConfigError, ContextOverflowError, PyllamaspecError, SessionBusyError
-from .schemas import APIError
 
 log = logging.getLogger("pyllamaspec.server")
 
@@ -27,24 +31,28 @@ log = logging.getLogger("pyllamaspec.server")
 FINISH_REASONS = {"eog": "stop", "length": "length", "context": "length"}
 
 
+class EngineBusy(PyllamaspecError):
+    """Every slot is busy and the queue is full: the job is refused (try again later)."""
+
+    def __init__(self, n_parallel: int, queue_size: int) -> None:
+        super().__init__(f"all {n_parallel} slots are busy and {queue_size} requests are waiting; retry later")
+
+
+class EngineDraining(PyllamaspecError):
+    """The engine is shutting down: it admits nothing more, and what it ran ends."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
+
+
 @dataclass(frozen=True)
-class Sampling:
-    """A request's generation settings; None: the session's."""
+class JobFailed:
+    """A job ended without a result. kind: 'invalid' (a setting or the prompt, named by param), 'context' (the
+    prompt does not fit), 'shutdown', 'no_slot', or 'internal'."""
 
-    n_predict: int = -1
-    temp: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    n_max: int | None = None
-    n_min: int | None = None
-    p_min: float | None = None
-    stop: tuple[str, ...] = ()
-
-    def submit_kwargs(self) -> dict:
-        names = ("temp", "top_k", "top_p", "min_p", "seed", "n_max", "n_min", "p_min")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+    kind: str
+    message: str
+    param: str | None = None
 
 
 class Started:
@@ -109,11 +117,11 @@ class Job:
     """One request's generation, from its arrival to its end. The engine thread alone changes it once it is
     admitted; the asyncio side reads what arrives on `queue`."""
 
-    def __init__(self, tokens: list[int], sampling: Sampling, loop: asyncio.AbstractEventLoop,
-                 prompt_param: str = "prompt") -> None:
+    def __init__(self, tokens: list[int], params: SequenceParams, loop: asyncio.AbstractEventLoop,
+                 prompt_param: str = "prompt", stop: tuple[str, ...] = ()) -> None:
         self.id = next(_ids)
         self.tokens = tokens
-        self.sampling = sampling
+        self.params = params
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompt_param = prompt_param
@@ -130,7 +138,7 @@ class Job:
         self.n_accepted = 0
         self.prompt_counted = False
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.stops = StopMatcher(sampling.stop)
+        self.stops = StopMatcher(stop)
 
     def push(self, item) -> None:
         try:
@@ -180,15 +188,12 @@ class Engine:
         return self._draining
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it: 503 while shutting down, 429 when the queue is full."""
+        """Queue a job, or refuse it: EngineDraining while shutting down, EngineBusy when the queue is full."""
         with self._cv:
             if self._draining:
-                reason, err = "draining", APIError(503, "the server is shutting down", "unavailable_error")
+                reason, err = "draining", EngineDraining()
             elif len(self._waiting) + len(self._running) >= self.n_parallel + self.queue_size:
-                reason = "queue_full"
-                err = APIError(429, f"all {self.n_parallel} slots are busy and {self.queue_size} requests are "
-                                    f"waiting; retry later", "rate_limit_exceeded", code="rate_limit_exceeded",
-                               headers={"Retry-After": "1"})
+                reason, err = "queue_full", EngineBusy(self.n_parallel, self.queue_size)
             else:
                 self._waiting.append(job)
                 self._cv.notify()
@@ -213,7 +218,8 @@ class Engine:
         self._count_finished("cancelled")
 
     def begin_shutdown(self) -> None:
-        """Stop admitting; end what waits and what runs with 503. The thread exits once the slots are free."""
+        """Stop admitting; end what waits and what runs (JobFailed 'shutdown'). The thread exits once the slots
+        are free."""
         with self._cv:
             if self._draining:
                 return
@@ -258,7 +264,7 @@ class Engine:
                     self._step()
             except Exception as e:  # a bug here must not leave clients waiting forever
                 log.exception("engine step failed")
-                self._abort_all(APIError(500, f"internal error: {e}", "server_error"), slots_freed=False)
+                self._abort_all(JobFailed("internal", f"internal error: {e}"), slots_freed=False)
 
     def _admit(self, job: Job) -> None:
         if job.cancel_requested:
@@ -269,20 +275,20 @@ class Engine:
             self._fail(job, _shutdown_error(), "shutdown")
             return
         try:
-            slot = self.session.submit(job.tokens, job.sampling.n_predict, **job.sampling.submit_kwargs())
+            slot = self.session.submit_params(job.tokens, job.params)
         except ContextOverflowError as e:
-            self._fail(job, APIError(400, str(e), param=job.prompt_param, code="context_length_exceeded"), "error")
+            self._fail(job, JobFailed("context", str(e), job.prompt_param), "error")
             return
         except SessionBusyError:
             if self._running:    # a slot not yet reported free: try again after the next step
                 with self._cv:
                     self._waiting.appendleft(job)
                 return
-            self._fail(job, APIError(503, "no free slot", "unavailable_error"), "error")
+            self._fail(job, JobFailed("no_slot", "no free slot"), "error")
             return
         except ConfigError as e:
             param = getattr(e, "param", None)  # ParamError: the request field at fault, as the API names it
-            self._fail(job, APIError(400, str(e), param={"temp": "temperature"}.get(param, param) or job.prompt_param),
+            self._fail(job, JobFailed("invalid", str(e), {"temp": "temperature"}.get(param, param) or job.prompt_param),
                        "error")
             return
         job.slot = slot
@@ -305,7 +311,7 @@ class Engine:
         except PyllamaspecError as e:
             # a failed step ends every sequence and frees every slot
             log.error("generation failed: %s", e)
-            self._abort_all(APIError(500, f"generation failed: {e}", "server_error"), slots_freed=True)
+            self._abort_all(JobFailed("internal", f"generation failed: {e}"), slots_freed=True)
             return
         if self.metrics is not None:
             self.metrics.step(busy)
@@ -358,7 +364,7 @@ class Engine:
                 self._count_finished("cancelled")
                 return
             if e.finish_reason == "error" or e.finish_reason not in FINISH_REASONS:
-                self._fail(job, APIError(500, "generation failed", "server_error"), "error")
+                self._fail(job, JobFailed("internal", "generation failed"), "error")
                 return
             text, hit = job.stops.feed(job.decoder.decode(b"", final=True))
             step.text.append(text)
@@ -410,7 +416,7 @@ class Engine:
         self._count_finished(finish)
         job.push(Final(finish, text, tokens, usage, timings))
 
-    def _fail(self, job: Job, err: APIError, reason: str) -> None:
+    def _fail(self, job: Job, err: JobFailed, reason: str) -> None:
         job.done = True
         self._count_finished(reason)
         job.push(err)
@@ -419,7 +425,7 @@ class Engine:
         if self.metrics is not None:
             self.metrics.finished.labels(finish_reason=reason).inc()
 
-    def _abort_all(self, err: APIError, slots_freed: bool) -> None:
+    def _abort_all(self, err: JobFailed, slots_freed: bool) -> None:
         """Fail every running job. When the session still holds their sequences, cancel them: the slots free
         at the next steps, as the session reports each end."""
         with self._cv:
@@ -436,5 +442,5 @@ class Engine:
                     pass
 
 
-def _shutdown_error() -> APIError:
-    return APIError(503, "the server is shutting down", "unavailable_error")
+def _shutdown_error() -> JobFailed:
+    return JobFailed("shutdown", "the server is shutting down")

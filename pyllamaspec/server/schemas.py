@@ -1,4 +1,5 @@
-"""What travels over the wire: request bodies (validated strictly) and OpenAI-shaped errors."""
+"""What the clients send: request bodies, validated strictly. A per-sequence setting is held to the limits of
+pyllamaspec.config.SEQUENCE_LIMITS (the API's and the command line's); the answers are responses.py's."""
 
 from __future__ import annotations
 
@@ -6,32 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import MAX_DRAFT
-
-INT32_MAX = 2 ** 31 - 1
+from ..config import INT32_MAX, SEQUENCE_LIMITS
 
 
-class APIError(Exception):
-    """An error answered with an HTTP status and OpenAI's error object
-    ({"error": {"message", "type", "param", "code"}})."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", *, param: str | None = None,
-                 code: str | int | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def loading_error() -> APIError:
-    """llama-server's answer while the model loads (its exact body: code 503, no param)."""
-    return APIError(503, "Loading model", "unavailable_error", code=503)
+def _limits(name: str) -> dict:
+    _integer, lo, hi, _hint = SEQUENCE_LIMITS[name]
+    return {"ge": lo, "le": hi}
 
 
 class _Strict(BaseModel):
@@ -39,30 +20,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, populate_by_name=True, extra="ignore")
 
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-DraftLength = Annotated[int, Field(ge=0, le=MAX_DRAFT)]
+Probability = Annotated[float, Field(**_limits("top_p"), allow_inf_nan=False)]
+DraftLength = Annotated[int, Field(**_limits("n_max"))]
 
 
 class SpeculativeParams(_Strict):
     """Per-request draft settings, as llama-server accepts them (also as top-level "speculative.n_max" etc.)."""
 
     n_max: DraftLength | None = None
-    n_min: DraftLength | None = None
-    p_min: Probability | None = None
+    n_min: Annotated[int, Field(**_limits("n_min"))] | None = None
+    p_min: Annotated[float, Field(**_limits("p_min"), allow_inf_nan=False)] | None = None
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Generation(_Strict):
+class GenerationRequest(_Strict):
+    """What a chat and a text completion request share: the model, the sampling and draft settings, the stop
+    strings and how the answer is sent."""
+
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Field(ge=0, le=2 ** 30)] | None = None
-    min_p: Probability | None = None
-    seed: Annotated[int, Field(ge=-1, le=0xFFFFFFFF)] | None = None
+    top_k: Annotated[int, Field(**_limits("top_k"))] | None = None
+    min_p: Annotated[float, Field(**_limits("min_p"), allow_inf_nan=False)] | None = None
+    # -1: a random seed, as llama-server takes it
+    seed: Annotated[int, Field(ge=-1, le=_limits("seed")["le"])] | None = None
     stop: str | Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -111,7 +96,7 @@ class ChatTemplateKwargs(_Strict):
     enable_thinking: bool | None = None
 
 
-class ChatCompletionRequest(_Generation):
+class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
@@ -120,7 +105,7 @@ class ChatCompletionRequest(_Generation):
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(GenerationRequest):
     # a text, token ids, or a list of one of either (one prompt per request)
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: Literal[False] = False

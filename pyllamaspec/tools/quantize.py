@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from .. import _native
+from .. import native_tools
 from ..atomicfile import atomic_output
 from ..config import MAX_THREADS
 from ..errors import PyllamaspecError, QuantizeError
@@ -97,8 +97,7 @@ def _count(value, name: str) -> int:
         raise QuantizeError(f"{name}={value!r} must be an integer") from None
 
 
-_IO_FAILURE = ("basic_ios", "ios_base", "failed to write", "failed to open", "write error", "i/o error",
-               "no space", "errno")
+_IO_FAILURE = native_tools.IO_FAILURE_WORDS
 LOW_SPACE_BYTES = 1 << 20
 
 
@@ -245,24 +244,15 @@ def _worker_main() -> None:
     req = json.loads(sys.argv[-1])
     _die_with_parent(req["parent"])
     with os.fdopen(req["fd"], "w", encoding="utf-8", buffering=1) as out:
-        try:
-            ffi, lib = _native.load()
-        except PyllamaspecError as e:
-            out.write(json.dumps({"rc": -1, "error": str(e)}) + "\n")
-            return
-
-        @ffi.callback("void(void *, int32_t, int32_t)")
-        def on_progress(_user, done, total):
+        def on_progress(done: int, total: int) -> None:
             out.write(json.dumps({"done": done, "total": total}) + "\n")
 
-        err = _native.ErrorBuffer(ffi)
-        overrides = req["overrides"]
-        rc = lib.pls_quantize(os.fsencode(req["input"]), os.fsencode(req["output"]), req["ftype"], req["threads"],
-                              int(req["allow_requantize"]), overrides.encode() if overrides else ffi.NULL,
-                              on_progress, ffi.NULL, err.buf, err.SIZE)
-        os_errno = ffi.errno
-        text = err.text if rc != 0 else ""
-        if rc != 0 and os_errno and any(k in text.lower() for k in _IO_FAILURE):
-            text += f" [os: {os.strerror(os_errno)}]"
-        out.write(json.dumps({"rc": rc, "error": text}) + "\n")
+        try:
+            rc, error = native_tools.quantize(req["input"], req["output"], ftype=req["ftype"], threads=req["threads"],
+                                              allow_requantize=req["allow_requantize"], overrides=req["overrides"],
+                                              progress=on_progress)
+        except PyllamaspecError as e:  # the library cannot be loaded
+            out.write(json.dumps({"rc": -1, "error": str(e)}) + "\n")
+            return
+        out.write(json.dumps({"rc": rc, "error": error}) + "\n")
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import _native
+from .. import native_tools
 from ..atomicfile import atomic_output
-from ..errors import ConfigError, ConversionError, ModelLoadError, PairingError
+from ..errors import ConfigError, ConversionError, PairingError
 
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 
@@ -410,18 +410,7 @@ def _pad(path: Path) -> None:
 
 
 def _list_tensors(meta: Path, load_mtp: bool) -> list[tuple[str, tuple[int, ...]]]:
-    ffi, lib = _native.load()
-    err = _native.ErrorBuffer(ffi)
-    size = 1 << 20
-    for _ in range(2):
-        buf = ffi.new("char[]", size)
-        n = lib.pls_synth_list_tensors(os.fsencode(meta), int(load_mtp), buf, size, err.buf, err.SIZE)
-        if n == -1:
-            raise ConfigError(err.text)
-        if n >= 0:
-            return [(t["name"], tuple(t["ne"])) for t in json.loads(ffi.string(buf, n).decode())]
-        size = -n + 1
-    raise ConfigError("synthetic model: the tensor list did not fit its buffer")  # pragma: no cover
+    return native_tools.synth_list_tensors(meta, load_mtp)
 
 
 def _block_index(name: str) -> int:
@@ -625,43 +614,11 @@ def _check_outputs(paths: Sequence[Path], force: bool) -> None:
 
 def _write(path: Path, meta: Path, plan: SynthPlan, *, seed: int, stddev: float, perturb_seed: int,
            perturb_stddev: float, n_threads: int | None, force: bool, progress: ProgressFn | None) -> Path:
-    ffi, lib = _native.load()
-    kinds = {"weight": lib.PLS_SYNTH_WEIGHT, "norm": lib.PLS_SYNTH_NORM, "negative": lib.PLS_SYNTH_NEGATIVE}
     types = _ggml_types()
-    arr = ffi.new("pls_synth_tensor[]", len(plan.tensors))
-    names = [ffi.new("char[]", t.name.encode()) for t in plan.tensors]
-    for i, t in enumerate(plan.tensors):
-        arr[i].name = names[i]
-        ne = list(t.shape) + [1] * (4 - len(t.shape))
-        for d in range(4):
-            arr[i].ne[d] = ne[d]
-        arr[i].type = int(types[t.type])
-        arr[i].kind = kinds[t.kind]
-    p = ffi.new("pls_synth_params *")
-    p.seed, p.stddev, p.perturb_seed, p.perturb_stddev = seed, stddev, perturb_seed, perturb_stddev
-    p.n_threads = n_threads or 0
-    raised: list[BaseException] = []
-
-    def on_progress(_ud, done, total):
-        if progress is not None and progress(int(done), int(total)):
-            return 1
-        return 0
-
-    def on_error(exc_type, exc, tb):
-        raised.append(exc)
-        return 1  # cancel: an exception (Ctrl-C included) stops the write
-
-    cb = ffi.callback("pls_synth_progress_cb", on_progress, onerror=on_error)
-    err = _native.ErrorBuffer(ffi)
+    tensors = [native_tools.SynthTensor(t.name, tuple(t.shape), int(types[t.type]), t.kind) for t in plan.tensors]
     with atomic_output(path, force=force, error=ConfigError) as tmp:
-        rc = lib.pls_synth_write(os.fsencode(meta), arr, len(plan.tensors), p, os.fsencode(tmp), cb, ffi.NULL,
-                                 err.buf, err.SIZE)
-        if raised:
-            raise raised[0]
-        if rc == -2:
-            raise ConfigError("synthetic model: cancelled")
-        if rc != 0:
-            raise ModelLoadError(err.text)
+        native_tools.synth_write(meta, tensors, tmp, seed=seed, stddev=stddev, perturb_seed=perturb_seed,
+                                 perturb_stddev=perturb_stddev, n_threads=n_threads, progress=progress)
     return path
 
 

@@ -69,7 +69,8 @@ def as_float(value: Any, what: str) -> float:
     return float(value)
 
 
-def parse_config(drafter_dir: Path) -> DrafterSpec:
+def _read_config_json(drafter_dir: Path) -> dict:
+    """config.json as one object (a text_config's fields over the top level's)."""
     cfg_path = drafter_dir / "config.json"
     if not cfg_path.is_file():
         raise ConversionError(f"drafter directory {str(drafter_dir)!r} has no config.json")
@@ -81,7 +82,11 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         raise ConversionError(f"{str(cfg_path)!r} is not a JSON object")
     if isinstance(hp.get("text_config"), dict):
         hp = {**hp, **hp["text_config"]}
+    return hp
 
+
+def _dflash_architecture(hp: dict) -> tuple[str, dict]:
+    """The HF architecture this converter handles, and the dflash_config object ({} when absent)."""
     archs = hp.get("architectures") or []
     hf_arch = next((a for a in archs if a in DFLASH_ARCHITECTURES), None)
     if hf_arch is None:
@@ -93,23 +98,29 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         dc = {}
     if not isinstance(dc, dict):
         raise ConversionError(f"config field dflash_config must be an object, got {dc!r}")
+    return hf_arch, dc
 
-    def req(key: str) -> Any:
-        if hp.get(key) is None:
-            raise ConversionError(f"config.json has no {key!r}")
+
+def _required(hp: dict, key: str) -> Any:
+    if hp.get(key) is None:
+        raise ConversionError(f"config.json has no {key!r}")
+    return hp[key]
+
+
+def _draft_value(hp: dict, dc: dict, key: str, default: Any = None) -> Any:
+    """dflash_config first, then the top level (as the reference model reads it)."""
+    if dc.get(key) is not None:
+        return dc[key]
+    if hp.get(key) is not None:
         return hp[key]
+    return default
 
-    def draft(key: str, default: Any = None) -> Any:
-        """dflash_config first, then the top level (as the reference model reads it)."""
-        if dc.get(key) is not None:
-            return dc[key]
-        if hp.get(key) is not None:
-            return hp[key]
-        return default
 
-    hidden = as_int(req("hidden_size"), "hidden_size")
-    n_layers = as_int(req("num_hidden_layers"), "num_hidden_layers")
-    n_heads = as_int(req("num_attention_heads"), "num_attention_heads")
+def _attention_sizes(hp: dict) -> tuple[int, int, int, int, int, bool]:
+    """(hidden, n_layers, n_heads, n_kv_heads, head_dim, head_dim given explicitly), checked."""
+    hidden = as_int(_required(hp, "hidden_size"), "hidden_size")
+    n_layers = as_int(_required(hp, "num_hidden_layers"), "num_hidden_layers")
+    n_heads = as_int(_required(hp, "num_attention_heads"), "num_attention_heads")
     n_kv_heads = as_int(hp.get("num_key_value_heads") or n_heads, "num_key_value_heads")
     head_dim_explicit = hp.get("head_dim") is not None
     if hidden <= 0 or n_layers <= 0 or n_heads <= 0 or n_kv_heads <= 0:
@@ -124,12 +135,12 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         )
     if head_dim <= 0 or head_dim % 2:
         raise ConversionError(f"config field head_dim must be a positive even number, got {head_dim}")
+    return hidden, n_layers, n_heads, n_kv_heads, head_dim, head_dim_explicit
 
-    rms_eps = hp.get("rms_norm_eps", hp.get("norm_eps"))
-    if rms_eps is None:
-        raise ConversionError("config.json has no 'rms_norm_eps' (llama.cpp needs the RMS norm epsilon)")
 
-    ids = draft("target_layer_ids")
+def _block_fields(hp: dict, dc: dict) -> tuple[list[int], int, int]:
+    """(target layer ids, mask token id, block size), checked."""
+    ids = _draft_value(hp, dc, "target_layer_ids")
     if not isinstance(ids, list) or not ids:
         raise ConversionError(f"config field dflash_config.target_layer_ids must be a non-empty list, got {ids!r}")
     target_layer_ids = [as_int(v, f"dflash_config.target_layer_ids[{i}]") for i, v in enumerate(ids)]
@@ -146,6 +157,19 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         raise ConversionError(
             f"config field dflash_config.block_size is {block_size}; expected {BLOCK_SIZE_MIN}..{BLOCK_SIZE_MAX}"
         )
+    return target_layer_ids, mask_token_id, block_size
+
+
+def parse_config(drafter_dir: Path) -> DrafterSpec:
+    """A DFlash drafter's config.json, read as upstream's converter reads it: the sizes and the block, then the
+    context length, rope, activation, sliding window, output scales and DFlash2's selector, each checked."""
+    hp = _read_config_json(drafter_dir)
+    hf_arch, dc = _dflash_architecture(hp)
+    hidden, n_layers, n_heads, n_kv_heads, head_dim, head_dim_explicit = _attention_sizes(hp)
+    rms_eps = hp.get("rms_norm_eps", hp.get("norm_eps"))
+    if rms_eps is None:
+        raise ConversionError("config.json has no 'rms_norm_eps' (llama.cpp needs the RMS norm epsilon)")
+    target_layer_ids, mask_token_id, block_size = _block_fields(hp, dc)
 
     spec = DrafterSpec(
         hf_arch=hf_arch,
@@ -156,8 +180,8 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
         head_dim_explicit=head_dim_explicit,
-        intermediate=as_int(req("intermediate_size"), "intermediate_size"),
-        vocab=as_int(req("vocab_size"), "vocab_size"),
+        intermediate=as_int(_required(hp, "intermediate_size"), "intermediate_size"),
+        vocab=as_int(_required(hp, "vocab_size"), "vocab_size"),
         rms_eps=as_float(rms_eps, "rms_norm_eps"),
         target_layer_ids=target_layer_ids,
         block_size=block_size,
@@ -168,12 +192,24 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
         raise ConversionError(
             f"config sizes must be positive: intermediate_size={spec.intermediate}, vocab_size={spec.vocab}"
         )
+    _read_context_length(spec, hp)
+    _read_rope(spec, hp, head_dim)
+    _read_activation(spec, hp, dc)
+    _read_sliding_window(spec, hp, dc, n_layers)
+    _read_output_scales(spec, hp, dc)
+    if spec.version == 2:
+        _read_dflash2_selector(spec, hp, dc, hidden)
+    return spec
 
+
+def _read_context_length(spec: DrafterSpec, hp: dict) -> None:
     for key in ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length"):
         if hp.get(key) is not None:
             spec.ctx_len = as_int(hp[key], key)
             break
 
+
+def _read_rope(spec: DrafterSpec, hp: dict, head_dim: int) -> None:
     # rope, mirroring upstream TextModel: rope_parameters (or rope_scaling), top-level theta mirrored in
     rope = hp.get("rope_parameters", hp.get("rope_scaling")) or {}
     if not isinstance(rope, dict):
@@ -220,6 +256,8 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
     neox = hp.get("rope_is_neox_style", True)
     spec.rope_neox = bool(neox)
 
+
+def _read_activation(spec: DrafterSpec, hp: dict, dc: dict) -> None:
     act = hp.get("hidden_act", hp.get("hidden_activation"))
     if act is not None:
         if act not in ("silu", "gelu", "gelu_pytorch_tanh"):
@@ -232,6 +270,8 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
     if causal is not None:
         spec.causal = bool(causal)
 
+
+def _read_sliding_window(spec: DrafterSpec, hp: dict, dc: dict, n_layers: int) -> None:
     # sliding window, as upstream: HF use_sliding_window or dflash_config.use_swa, window from
     # dflash_config.swa_window_size or sliding_window, pattern all-true for use_swa else from layer_types
     use_swa = bool(dc.get("use_swa", False))
@@ -256,6 +296,8 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
                 )
             spec.swa_pattern = [lt == "sliding_attention" for lt in layer_types]
 
+
+def _read_output_scales(spec: DrafterSpec, hp: dict, dc: dict) -> None:
     if dc.get("attention_value_scale") is not None:
         spec.value_scale = as_float(dc["attention_value_scale"], "dflash_config.attention_value_scale")
     om = dc.get("output_multiplier", hp.get("output_multiplier"))
@@ -270,27 +312,28 @@ def parse_config(drafter_dir: Path) -> DrafterSpec:
     if hp.get("num_target_layers") is not None:
         spec.num_target_layers = as_int(hp["num_target_layers"], "num_target_layers")
 
-    if spec.version == 2:
-        vals = {}
-        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            v = draft(key)
-            if v is None:
-                raise ConversionError(f"DFlash2 config field dflash_config.{key} is missing")
-            vals[key] = as_int(v, f"dflash_config.{key}")
-            if vals[key] <= 0:
-                raise ConversionError(f"DFlash2 config field dflash_config.{key} must be positive, got {vals[key]}")
-        spec.conv_kernel = vals["conv_kernel_size"]
-        spec.conv_group = vals["conv_group_size"]
-        spec.selector_rank = vals["selector_rank"]
-        spec.selector_top_k = vals["selector_top_k"]
-        if hidden % spec.conv_group != 0:
-            raise ConversionError(
-                f"DFlash2 dflash_config.conv_group_size {spec.conv_group} does not divide hidden_size {hidden}"
-            )
-        need = spec.selector_top_k * (spec.selector_top_k + 1)
-        if hidden < need:
-            raise ConversionError(
-                f"DFlash2 hidden_size {hidden} is smaller than selector_top_k*(selector_top_k+1) = "
-                f"{spec.selector_top_k}*{spec.selector_top_k + 1} = {need}"
-            )
-    return spec
+
+def _read_dflash2_selector(spec: DrafterSpec, hp: dict, dc: dict, hidden: int) -> None:
+    """DFlash2's grouped convolution and selector sizes."""
+    vals = {}
+    for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        v = _draft_value(hp, dc, key)
+        if v is None:
+            raise ConversionError(f"DFlash2 config field dflash_config.{key} is missing")
+        vals[key] = as_int(v, f"dflash_config.{key}")
+        if vals[key] <= 0:
+            raise ConversionError(f"DFlash2 config field dflash_config.{key} must be positive, got {vals[key]}")
+    spec.conv_kernel = vals["conv_kernel_size"]
+    spec.conv_group = vals["conv_group_size"]
+    spec.selector_rank = vals["selector_rank"]
+    spec.selector_top_k = vals["selector_top_k"]
+    if hidden % spec.conv_group != 0:
+        raise ConversionError(
+            f"DFlash2 dflash_config.conv_group_size {spec.conv_group} does not divide hidden_size {hidden}"
+        )
+    need = spec.selector_top_k * (spec.selector_top_k + 1)
+    if hidden < need:
+        raise ConversionError(
+            f"DFlash2 hidden_size {hidden} is smaller than selector_top_k*(selector_top_k+1) = "
+            f"{spec.selector_top_k}*{spec.selector_top_k + 1} = {need}"
+        )

@@ -55,10 +55,23 @@ def write_metadata(w: Any, spec: DrafterSpec, tgt: Target, outtype: str, name: s
                     repo: str | None, revision: str | None) -> None:
     import gguf
 
-    a = ARCH
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    _write_general(w, name, repo, revision)
+    _write_text_model_hparams(w, spec, int(ftype))
+    _write_dflash_hparams(w, spec, tgt)
+    # tokenizer, copied from the target; the mask token comes from the drafter
+    for key, value, vtype, sub in tgt.tokenizer_kv:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    w.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
 
+    w.add_string("pyllamaspec.target.name", tgt.name)
+    w.add_string("pyllamaspec.target.fingerprint", tgt.fingerprint)
+    w.add_string("pyllamaspec.converter.version", _converter_version())
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+
+
+def _write_general(w: Any, name: str, repo: str | None, revision: str | None) -> None:
     w.add_string("general.type", "model")
     w.add_string("general.name", name)
     if repo:
@@ -68,7 +81,10 @@ def write_metadata(w: Any, spec: DrafterSpec, tgt: Target, outtype: str, name: s
     if revision:
         w.add_string("general.source.revision", revision)
 
-    # generic hparams (upstream TextModel.set_gguf_parameters)
+
+def _write_text_model_hparams(w: Any, spec: DrafterSpec, ftype: int) -> None:
+    """The generic hyperparameters (upstream TextModel.set_gguf_parameters)."""
+    a = ARCH
     w.add_uint32(f"{a}.block_count", spec.n_layers)
     if spec.ctx_len is not None:
         w.add_uint32(f"{a}.context_length", spec.ctx_len)
@@ -94,13 +110,16 @@ def write_metadata(w: Any, spec: DrafterSpec, tgt: Target, outtype: str, name: s
     if spec.head_dim_explicit:
         w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
         w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
-    w.add_uint32("general.file_type", int(ftype))
+    w.add_uint32("general.file_type", ftype)
     if spec.hidden_act in ("gelu", "gelu_pytorch_tanh"):
         # upstream's DFlashModel never writes this (silu is llama.cpp's default); a gelu drafter would
         # otherwise run with the wrong activation
         w.add_string(f"{a}.hidden_activation", spec.hidden_act)
 
-    # DFlash specifics (upstream DFlashModel.set_gguf_parameters)
+
+def _write_dflash_hparams(w: Any, spec: DrafterSpec, tgt: Target) -> None:
+    """DFlash's own hyperparameters (upstream DFlashModel.set_gguf_parameters)."""
+    a = ARCH
     if spec.rope_dim_count is not None:
         w.add_uint32(f"{a}.rope.dimension_count", spec.rope_dim_count)
     if spec.value_scale is not None:
@@ -129,16 +148,6 @@ def write_metadata(w: Any, spec: DrafterSpec, tgt: Target, outtype: str, name: s
         w.add_array(f"{a}.rope.dimension_sections", [spec.head_dim // 2, 0, 0, 0])
     elif spec.rope_mrope_section is not None:
         w.add_array(f"{a}.rope.dimension_sections", spec.rope_mrope_section)
-
-    # tokenizer, copied from the target; the mask token comes from the drafter
-    for key, value, vtype, sub in tgt.tokenizer_kv:
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    w.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
-
-    w.add_string("pyllamaspec.target.name", tgt.name)
-    w.add_string("pyllamaspec.target.fingerprint", tgt.fingerprint)
-    w.add_string("pyllamaspec.converter.version", _converter_version())
-    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
 
 
 def input_paths(drafter_dir: Path, files: list[Path], target: Path) -> set[Path]:

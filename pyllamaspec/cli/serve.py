@@ -1,5 +1,6 @@
 """The `serve` command: llama-server's flags for the model and session (shared with `generate`), plus the HTTP
-ones. The port opens first; the model loads behind it while /health answers 503."""
+ones; the server itself is `pyllamaspec.server`. The port opens first; the model loads behind it while /health
+answers 503."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import socket
 import sys
 import threading
 
-from .limits import DEFAULT_MAX_BODY_BYTES, parse_size
+from .session_flags import add_memory_check_flag, add_session_flags, add_template_flags, chat_settings, open_session
+from ..server.limits import DEFAULT_MAX_BODY_BYTES, parse_size
 
 DESCRIPTION = """\
 Serve a target (and drafter) over HTTP: OpenAI's /v1/chat/completions and /v1/completions (streamed or
@@ -27,8 +29,6 @@ def _body_size(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from ..cli.generate import add_memory_check_flag, add_session_flags, add_template_flags
-
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (pip install 'pyllamaspec[server]')",
                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_session_flags(p)
@@ -59,8 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _load(args):
-    from ..cli.generate import open_session
-    from .app import Loaded
+    from ..server.app import Loaded
 
     return Loaded(*open_session(args))
 
@@ -84,7 +83,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from .app import create_app
+        from ..server.app import create_app
     except ImportError as e:
         print(f"pyllamaspec: error: `serve` needs the server extra ({e.name} is missing): "
               f"pip install 'pyllamaspec[server]'", file=sys.stderr)
@@ -105,8 +104,6 @@ def run(args) -> int:
     def on_fatal() -> None:
         if server_box:
             server_box[0].should_exit = True
-
-    from ..cli.generate import chat_settings
 
     template, thinking = chat_settings(args)
     app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,

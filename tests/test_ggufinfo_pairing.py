@@ -118,7 +118,7 @@ def serialised(tokens: list[str]) -> bytes:
     return b"".join(struct.pack("<Q", len(t.encode())) + t.encode() for t in tokens)
 
 
-# -- ggufmeta ---------------------------------------------------------------------------------------
+# -- ggufinfo ---------------------------------------------------------------------------------------
 
 
 def test_summary_of_a_plain_target(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""The adaptive controller replayed against step costs recorded on an H200 (pyllamaspec.bench.replay), with
+scripted acceptance: the replay prices fixed draft lengths as the GPU measured them, and the controller keeps the
+bounds BENCHMARKS.md records ("The GPU adaptive controller") - so a later change cannot bring the loss back
+unnoticed. Traces: benchmarks/traces/ (benchmarks/step_cost.py --trace, on the H200, synthetic models of real shape)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pyllamaspec.bench import replay, trace
+
+TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
+
+# trace: (adaptive ceiling, fixed lengths, {acceptance: least adaptive / best of plain and the fixed lengths})
+CASES = {
+    "h200-27b-dflash2-d0.json": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.95, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
+    "h200-7b-draft-d0.json": (8, (2, 4, 8), {0.0: 0.97, 0.3: 0.96, 0.6: 0.96, 0.8: 0.95, 0.9: 0.96}),
+    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.94, 0.3: 0.91, 0.6: 0.86, 0.8: 0.88, 0.9: 0.90}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request):
+    arms = trace.load(TRACES / request.param)
+    return request.param, arms, replay.CostModel.from_arms(arms, depth=0)
+
+
+def test_the_replay_prices_fixed_lengths_as_the_gpu_measured_them(case):
+    name, arms, model = case
+    n_max, fixed, _ = CASES[name]
+    checked = 0
+    for a in arms:
+        if not (a["arm"] == "plain" or (a["arm"].startswith("n") and a["arm"][1:].isdigit())):
+            continue
+        level = a["setup"]["synthetic_acceptance"] or 0.0
+        steps = [s for r in a["rounds"] for s in r]
+        measured = sum(s["t_step"] for s in steps) / sum(s["accepted"] + 1 for s in steps)
+        sims = [replay.simulate(model, a["arm"], replay.Acceptance.bernoulli(level, seed=50 + r), n_max,
+                                seed=50 + r).ms_per_token for r in range(3)]
+        assert statistics.median(sims) == pytest.approx(measured, rel=0.2), (a["arm"], level)
+        checked += 1
+    assert checked >= 6
+
+
+def test_the_controller_keeps_its_bounds_on_recorded_gpu_costs(case):
+    name, _arms, model = case
+    n_max, fixed, bounds = CASES[name]
+    rows = replay.summarize(replay.grid(model, n_max, sorted(bounds), fixed, rounds=3))
+    for row in rows:
+        assert row["adaptive_x_best"] >= bounds[row["level"]], (name, row)
+    # drafting that cannot pay costs (almost) nothing; drafting that pays is taken
+    assert rows[0]["adaptive_x_plain"] >= bounds[0.0]
+    assert rows[-1]["adaptive_x_plain"] > 1.5 if "dflash" in name else rows[-1]["adaptive_x_plain"] > 1.1
+
+
+def test_acceptance_is_a_property_of_the_position_the_same_for_every_arm():
+    a = replay.Acceptance.bernoulli(0.6, seed=3)
+    # a draft of 5 from position 10 lands as far as drafts of 1 from each position would
+    singles = [a.accepted(10 + i, 1) for i in range(5)]
+    first_miss = singles.index(0) if 0 in singles else 5
+    assert a.accepted(10, 5) == first_miss
+    switch = replay.Acceptance.switch(0.0, 1.0, at=100, seed=1)
+    assert switch.accepted(50, 8) == 0 and switch.accepted(100, 8) == 8
