@@ -1,7 +1,7 @@
 // The loop's entry points, shared with the C API and the draft-model driver.
 #pragma once
 
-#include "session.h"
+#include "session_open.h"
 
 namespace pls {
 

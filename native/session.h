@@ -1,8 +1,11 @@
 // A session's state, shared by the files of the speculative loop:
-//   session_plan.cpp  parameters, validation, pairing guards, placement, contexts (everything done at open)
+//   session_plan.cpp  parameters, checks and context parameters, before any model
+//   session_open.cpp  pairing, n_max, placement, contexts, drafter set-up (everything done at open)
 //   drafter.cpp       the draft model driven token by token (draft-simple), with catch-up after k = 0 steps
-//   loop.cpp          begin, one step (draft -> verify -> settle per stream), scoring
-//   session_api.cpp   the extern "C" entry points: locking, status codes, exceptions never escaping
+//   loop.cpp          begin, one step (draft -> verify -> settle per stream), scoring, the per-step trace
+//   slots.cpp         which slot a new sequence takes
+//   session_api.cpp, session_seqs.cpp, controller_api.cpp, trace.cpp
+//                     the extern "C" entry points (api_guard.h: locking, status codes, no exception escaping)
 #pragma once
 
 #include "adaptive.h"
@@ -27,8 +30,6 @@ enum rollback_kind : int32_t {
     ROLLBACK_CHECKPOINT = 3,  // save state before verify, restore + replay after a partial accept
 };
 
-int64_t now_us();
-
 struct scoped_timer {
     double & acc_ms;
     int64_t t0;
@@ -36,7 +37,6 @@ struct scoped_timer {
     ~scoped_timer() { acc_ms += (now_us() - t0) / 1000.0; }
 };
 
-bool has_type(const std::vector<common_speculative_type> & types, common_speculative_type t);
 
 // The draft model's view of one stream: what of the stream its KV holds.
 struct draft_stream {

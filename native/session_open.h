@@ -12,4 +12,7 @@ void check_placement(pls_session & s);    // throws status_error PLS_ERR_PLACEME
 void create_contexts(pls_session & s);
 void setup_drafting(pls_session & s);     // which drafter kind, the draft model's device sampler, the controller
 
+// the engine's type list without the draft model the shim drives itself
+std::vector<common_speculative_type> engine_types(const pls_session & s);
+
 }  // namespace pls

@@ -1,6 +1,5 @@
 // How a session's contexts are configured, shared by session open and the memory estimate. Below the session
-// (session.h), which includes this header: only engine_types takes a session (declared, not defined, here, where
-// loop.cpp reaches it through session.h).
+// (session.h), which includes this header: nothing here takes a session.
 #pragma once
 
 #include "shim_common.h"
@@ -8,8 +7,6 @@
 #include "common.h"
 
 #include <vector>
-
-struct pls_session;
 
 namespace pls {
 
@@ -35,8 +32,5 @@ context_plan plan_contexts(common_params & c, const pls_session_params & sp, int
 
 // the first check of session open: what can be checked on the parameters alone (the rest: session_open.h)
 void validate_params(const pls_session_params & p);
-
-// the engine's type list without the draft model the shim drives itself (defined in session_open.cpp)
-std::vector<common_speculative_type> engine_types(const pls_session & s);
 
 }  // namespace pls
