@@ -462,7 +462,7 @@ class SpecSession:
         if self.config.trace_steps <= 0:
             raise ConfigError("this session records no trace: open it with SessionConfig(trace_steps=N)")
         ffi = self._ffi
-        buf = ffi.new("pls_trace_step[]", min(self.config.trace_steps, 4096))
+        buf = ffi.new("pls_trace_step[]", min(self.config.trace_steps, 1024))
         dropped = ffi.new("int64_t *")
         steps: list[dict] = []
         lost = 0
