@@ -73,6 +73,18 @@ def token_id(value, n_vocab: int, what: str = "token id") -> int:
     return t
 
 
+def token_ids(tokens: Sequence[int], n_vocab: int) -> list[int]:
+    """A sequence of token ids (a list, or a numpy array) as ints of the vocabulary; ConfigTypeError for text or a
+    non-sequence, ConfigError for an id outside the vocabulary."""
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}")
+    try:
+        items = list(tokens)
+    except TypeError:
+        raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
+    return [token_id(t, n_vocab) for t in items]
+
+
 def flag(value, name: str) -> int:
     """A yes/no argument (bool, numpy bool, 0 or 1) as 0 or 1; ConfigTypeError otherwise."""
     numpy_bool = getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0
@@ -204,13 +216,7 @@ class Model:
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """The text of token ids (a list, or a numpy array); an id outside the vocabulary is a ConfigError."""
-        if isinstance(tokens, (str, bytes, bytearray)):
-            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}")
-        try:
-            items = list(tokens)
-        except TypeError:
-            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
-        ids = [token_id(t, self.info.n_vocab) for t in items]
+        ids = token_ids(tokens, self.info.n_vocab)
         special = flag(special, "special")
         with self._use() as h:
             return b"".join(token_bytes(self._ffi, self._lib, h, t, special) for t in ids).decode("utf-8", "replace")

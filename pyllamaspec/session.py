@@ -21,7 +21,7 @@ from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
 from .config import INT32_MAX, MAX_DRAFT, SPEC_TYPES, SequenceParams, SessionConfig
 from .errors import ConfigError, ConfigTypeError, GenerationError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
-from .model import Model, token_bytes, token_id, tokenize
+from .model import Model, token_bytes, token_ids, tokenize
 from .native_params import native_seq_params, native_session_params
 
 # how the controller prices a draft (PLS_DRAFTER_*)
@@ -363,13 +363,7 @@ class SpecSession:
             return tokenize(self._ffi, self._lib, self._model_ptr, text, add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        if isinstance(tokens, (str, bytes, bytearray)):
-            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}")
-        try:
-            items = list(tokens)
-        except TypeError:
-            raise ConfigTypeError(f"detokenize takes a sequence of token ids, not {type(tokens).__name__}") from None
-        ids = [token_id(t, self.target.info.n_vocab) for t in items]
+        ids = token_ids(tokens, self.target.info.n_vocab)
         return b"".join(self._token_bytes(t) for t in ids).decode("utf-8", "replace")
 
     def _token_bytes(self, token: int) -> bytes:
