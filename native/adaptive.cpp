@@ -1,3 +1,5 @@
+// The draft-length controller (adaptive.h): cost tables learnt from measured steps, acceptance hazards, and the
+// choice of each step's draft lengths - choose() and observe() in named steps, then the probes and the ledger.
 #include "adaptive.h"
 
 #include <algorithm>
@@ -554,93 +556,94 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
     return ms + (overhead_seen_spec_ ? overhead_spec_ : 0.0);
 }
 
-void controller::choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
-                        const std::vector<int32_t> & active, const std::vector<int32_t> & pending,
-                        std::vector<int32_t> & k_out, const std::vector<int32_t> & free_len) {
-    const int32_t n = (int32_t) s_.size();
-    k_out.assign(n, 0);
-    // a stream with a free draft drafts from it (no drafter cost), up to its length, judged by its own hazards
-    std::vector<int32_t> free(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-        free[i] = i < (int32_t) free_len.size() ? std::max(0, free_len[i]) : 0;
-        s_[i].src = free[i] > 0 ? 1 : 0;
-    }
+// One choice's view of the step: the depth bucket, who takes part, each stream's cap (a free draft's length
+// bounds it) and free drafts.
+struct controller::step_view {
+    int32_t n = 0;
     int32_t n_active = 0;
+    int32_t bucket = 0;
+    std::vector<int32_t> free;  // length of a draft that exists at no cost, per stream
+    std::vector<int32_t> cap;   // the most each stream may draft now
+};
+
+controller::step_view controller::view_of(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
+                                          const std::vector<int32_t> & active, const std::vector<int32_t> & free_len) {
+    step_view v;
+    v.n = (int32_t) s_.size();
+    // a stream with a free draft drafts from it (no drafter cost), up to its length, judged by its own hazards
+    v.free.assign(v.n, 0);
+    v.cap.assign(v.n, 0);
+    for (int32_t i = 0; i < v.n; ++i) {
+        v.free[i] = i < (int32_t) free_len.size() ? std::max(0, free_len[i]) : 0;
+        s_[i].src = v.free[i] > 0 ? 1 : 0;
+    }
     double depth_sum = 0.0;
-    for (int32_t i = 0; i < n && i < (int32_t) caps.size(); ++i) {
+    for (int32_t i = 0; i < v.n && i < (int32_t) caps.size(); ++i) {
+        const int32_t c = std::clamp(caps[i], 0, p_.n_max);
+        v.cap[i] = v.free[i] > 0 ? std::min(c, v.free[i]) : c;
         if (active[i]) {
-            n_active++;
+            v.n_active++;
             depth_sum += depth[i];
         }
     }
-    if (n_active == 0) {
-        last_k_ = k_out;
-        return;
-    }
-    const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
-    last_bucket_ = bucket;
-    auto cap_of = [&](int32_t i) {
-        const int32_t c = std::clamp(caps[i], 0, p_.n_max);
-        return free[i] > 0 ? std::min(c, free[i]) : c;
-    };
+    v.bucket = v.n_active > 0 ? cost_table::bucket_of((int32_t) (depth_sum / v.n_active)) : 0;
+    return v;
+}
 
-    if (!p_.adaptive) {
-        const int32_t want = p_.schedule.empty() ? p_.n_max : p_.schedule[chosen_++ % p_.schedule.size()];
-        for (int32_t i = 0; i < n; ++i) {
-            k_out[i] = active[i] ? std::min(cap_of(i), std::max(0, want)) : 0;
-        }
-        last_k_ = k_out;
-        return;
-    }
-
-    // calibration: plain steps where the plain cost at this depth was not measured in a steady run (the first runs
-    // may pay a warm-up: a GPU graph captured), and now and then while speculating
+bool controller::calibrating(const step_view & v, const std::vector<int32_t> & active) {
+    // plain steps where the plain cost at this depth was not measured in a steady run (the first runs may pay a
+    // warm-up: a GPU graph captured), and now and then while speculating
     bool any_on = false;
-    for (int32_t i = 0; i < n; ++i) {
-        any_on = any_on || (active[i] && !s_[i].off && cap_of(i) > 0);
+    for (int32_t i = 0; i < v.n; ++i) {
+        any_on = any_on || (active[i] && !s_[i].off && v.cap[i] > 0);
     }
     if (any_on && since_plain_ >= PLAIN_REFRESH && plain_owed_ == 0) {
         plain_owed_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
     }
     // (a size seen a few times counts as calibrated too: batches that change size every step - streams joining and
     // leaving - must not hold speculation off)
-    const bool calibrated = target_.steady_cost(n_active, bucket) >= 0.0 || target_.count_at(n_active, bucket) >= 2 * STEADY_RUN;
+    const bool calibrated = target_.steady_cost(v.n_active, v.bucket) >= 0.0 ||
+                            target_.count_at(v.n_active, v.bucket) >= 2 * STEADY_RUN;
     if (!calibrated || plain_owed_ > 0) {
         if (plain_owed_ > 0) {
             plain_owed_--;
         }
-        last_k_ = k_out;
-        return;
+        return true;
     }
+    return false;
+}
+
+int32_t controller::explore_cap(const step_view & v) {
     // before the drafter was ever measured, price it from the target's plain cost (optimistically)
-    const double c1 = target_.predict(1, bucket);
+    const double c1 = target_.predict(1, v.bucket);
     draft_first_.prior_base = 0.25 * c1;
     draft_rest_.prior_base = 0.15 * c1;
     draft_call_.prior_base = p_.kind == DRAFTER_NGRAM ? 0.01 * c1 : 0.3 * c1;
-
     // until a draft has been priced, drafts stay short: the first one measures what drafting costs here
-    bool priced = false;
-    for (int32_t b = 0; b < cost_table::N_BUCKETS && !priced; ++b) {
-        for (int32_t t = n_active + 1; t <= n_active * (p_.n_max + 1) && !priced; ++t) {
-            priced = target_.known_at(t, b);
+    for (int32_t b = 0; b < cost_table::N_BUCKETS; ++b) {
+        for (int32_t t = v.n_active + 1; t <= v.n_active * (p_.n_max + 1); ++t) {
+            if (target_.known_at(t, b)) {
+                return p_.n_max;
+            }
         }
     }
-    const int32_t explore_cap = priced ? p_.n_max : PROBE_K;
+    return PROBE_K;
+}
 
-    // probes: streams that are off draft when their gap runs out - a little to learn acceptance, or at the size the
-    // best case rests on to measure its cost - unless drafting could not pay even if every drafted token landed
-    // (then nothing is learnt by probing, at a cost)
-    std::vector<int32_t> k(n, 0);
-    double expect = n_active;  // every stream commits at least its target token
-    for (int32_t i = 0; i < n; ++i) {
+double controller::plan_probes(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & k) {
+    // streams that are off draft when their gap runs out - a little to learn acceptance, or at the size the best
+    // case rests on to measure its cost - unless drafting could not pay even if every drafted token landed (then
+    // nothing is learnt by probing, at a cost). Returns the tokens the step is expected to commit so far.
+    double expect = v.n_active;  // every stream commits at least its target token
+    for (int32_t i = 0; i < v.n; ++i) {
         stream_state & s = s_[i];
         s.probing = false;
-        if (!active[i] || !s.off || free[i] > 0) {
-            continue;  // on, or off with a free draft this step: the rows below judge it, no probe needed
+        if (!active[i] || !s.off || v.free[i] > 0) {
+            continue;  // on, or off with a free draft this step: the rows judge it, no probe needed
         }
-        const int32_t len = s.gap > 0 || cap_of(i) <= 0 ? 0
-                            : s.repeat_k > 0        ? std::min(cap_of(i), s.repeat_k)
-                                                    : probe_len(i, cap_of(i), bucket, free, n_active == 1);
+        const int32_t len = s.gap > 0 || v.cap[i] <= 0 ? 0
+                            : s.repeat_k > 0         ? std::min(v.cap[i], s.repeat_k)
+                                                     : probe_len(i, v.cap[i], v.bucket, v.free, v.n_active == 1);
         s.repeat_k = 0;
         if (s.gap <= 0 && len == 0) {
             s.gap = std::max(s.gap_len, GAP_MIN);
@@ -656,18 +659,23 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
             s.gap--;
         }
     }
+    return expect;
+}
 
+std::vector<int32_t> controller::best_lengths(const step_view & v, const std::vector<int32_t> & active,
+                                              const std::vector<int32_t> & pending, std::vector<int32_t> k,
+                                              double expect, int32_t explore_cap) const {
     // candidate rows of the streams that are on - and of those off whose step has a free draft (off means their
     // drafter does not pay; a free draft costs only its verify rows, and its own acceptance judges it) - best
     // survival first
     struct row { double surv; int32_t stream; int32_t pos; };
     std::vector<row> rows;
-    for (int32_t i = 0; i < n; ++i) {
-        if (!active[i] || (s_[i].off && free[i] == 0)) {
+    for (int32_t i = 0; i < v.n; ++i) {
+        if (!active[i] || (s_[i].off && v.free[i] == 0)) {
             continue;
         }
         double surv = 1.0;
-        for (int32_t j = 0; j < std::min(cap_of(i), explore_cap); ++j) {
+        for (int32_t j = 0; j < std::min(v.cap[i], explore_cap); ++j) {
             surv *= hazard(s_[i], j);
             rows.push_back({ surv, i, j });
         }
@@ -679,10 +687,10 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     const double cold = SWITCH_WEIGHT * cold_ms();
     auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
-        for (int32_t i = 0; i < n; ++i) {
+        for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
-        return predict_step(kk, active, pending, bucket, free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
+        return predict_step(kk, active, pending, v.bucket, v.free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
     };
     std::vector<int32_t> best = k;
     double best_rate = expect / step_cost(k);
@@ -698,8 +706,13 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
             best = k;
         }
     }
+    return best;
+}
 
-    for (int32_t i = 0; i < n; ++i) {
+void controller::follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
+                               int32_t explore_cap) {
+    const double cold = SWITCH_WEIGHT * cold_ms();
+    for (int32_t i = 0; i < v.n; ++i) {
         stream_state & s = s_[i];
         if (!active[i] || s.off) {
             continue;
@@ -717,29 +730,56 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
                 s.gap = s.gap_len;
             }
             s.steps = 0;
-        } else {
-            s.steps++;
-            // learn what one more position costs and how often it lands: often while its batch size was measured
-            // only once (that run may have paid a warm-up), now and then otherwise
-            int32_t t_next = 0;
-            for (int32_t j = 0; j < n; ++j) {
-                t_next += active[j] ? best[j] + 1 : 0;
-            }
-            uint32_t one_in = target_.confirmed_at(t_next + 1, bucket) ? EXPLORE_ONE_IN : EXPLORE_ONE_IN / 4;
-            // a try of one more position changes the batch size twice (there and back): rarer where that is dear
-            const double plain = plain_step_ms(1, bucket);
-            if (plain > 0.0 && cold > 0.5 * plain) {
-                one_in = (uint32_t) std::min(4096.0, one_in * 2.0 * cold / plain);
-            }
-            if (best[i] < std::min(cap_of(i), explore_cap) && (rng_() % one_in) == 0) {
-                best[i]++;
-            }
+            continue;
+        }
+        s.steps++;
+        // learn what one more position costs and how often it lands: often while its batch size was measured only
+        // once (that run may have paid a warm-up), now and then otherwise
+        int32_t t_next = 0;
+        for (int32_t j = 0; j < v.n; ++j) {
+            t_next += active[j] ? best[j] + 1 : 0;
+        }
+        uint32_t one_in = target_.confirmed_at(t_next + 1, v.bucket) ? EXPLORE_ONE_IN : EXPLORE_ONE_IN / 4;
+        // a try of one more position changes the batch size twice (there and back): rarer where that is dear
+        const double plain = plain_step_ms(1, v.bucket);
+        if (plain > 0.0 && cold > 0.5 * plain) {
+            one_in = (uint32_t) std::min(4096.0, one_in * 2.0 * cold / plain);
+        }
+        if (best[i] < std::min(v.cap[i], explore_cap) && (rng_() % one_in) == 0) {
+            best[i]++;
         }
     }
-    since_plain_++;
-    for (int32_t i = 0; i < n; ++i) {
-        k_out[i] = best[i];
+}
+
+void controller::choose(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
+                        const std::vector<int32_t> & active, const std::vector<int32_t> & pending,
+                        std::vector<int32_t> & k_out, const std::vector<int32_t> & free_len) {
+    const step_view v = view_of(caps, depth, active, free_len);
+    k_out.assign(v.n, 0);
+    if (v.n_active == 0) {
+        last_k_ = k_out;
+        return;
     }
+    last_bucket_ = v.bucket;
+    if (!p_.adaptive) {
+        const int32_t want = p_.schedule.empty() ? p_.n_max : p_.schedule[chosen_++ % p_.schedule.size()];
+        for (int32_t i = 0; i < v.n; ++i) {
+            k_out[i] = active[i] ? std::min(v.cap[i], std::max(0, want)) : 0;
+        }
+        last_k_ = k_out;
+        return;
+    }
+    if (calibrating(v, active)) {
+        last_k_ = k_out;
+        return;
+    }
+    const int32_t cap = explore_cap(v);
+    std::vector<int32_t> k(v.n, 0);
+    const double expect = plan_probes(v, active, k);
+    std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap);
+    follow_choice(v, active, best, cap);
+    since_plain_++;
+    k_out = best;
     last_k_ = k_out;
 }
 
@@ -917,75 +957,83 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
     return (int32_t) std::clamp(g, 64.0, (double) GAP_MAX);
 }
 
-void controller::observe(const step_obs & o) {
-    const int32_t n = (int32_t) s_.size();
+// What a step's observation adds up to: its streams, target rows, drafts, and the rows a draft model decoded.
+struct controller::step_totals {
     int32_t n_active = 0, n_tok = 0, n_drafting = 0, n_model = 0, first = 0, k_sum = 0, k_top = 0, rest_rows = 0;
     int32_t committed = 0;
+    int32_t bucket = 0;
+    bool timed = false;  // the step verified only (no prompt rows): its costs are a verify's
+};
+
+controller::step_totals controller::totals_of(const step_obs & o) const {
+    step_totals t;
     double depth_sum = 0.0;
-    for (int32_t i = 0; i < n && i < (int32_t) o.active.size(); ++i) {
+    for (int32_t i = 0; i < (int32_t) s_.size() && i < (int32_t) o.active.size(); ++i) {
         if (!o.active[i]) {
             continue;
         }
-        n_active++;
+        t.n_active++;
         depth_sum += o.depth[i];
         const int32_t d = o.n_drafted[i];
-        n_tok += d + 1;
-        committed += std::min(o.n_accepted[i], d) + 1;
+        t.n_tok += d + 1;
+        t.committed += std::min(o.n_accepted[i], d) + 1;
         if (d > 0) {
-            n_drafting++;
-            k_sum += d;
-            k_top = std::max(k_top, d);
+            t.n_drafting++;
+            t.k_sum += d;
+            t.k_top = std::max(t.k_top, d);
             const bool from_model = o.source.empty() || !o.source[i];
             if (from_model) {
-                n_model++;
-                rest_rows += d - 1;
-                first += 1 + (o.n_catchup.empty() ? 0 : o.n_catchup[i]);
+                t.n_model++;
+                t.rest_rows += d - 1;
+                t.first += 1 + (o.n_catchup.empty() ? 0 : o.n_catchup[i]);
             }
         }
     }
-    if (n_active == 0) {
-        return;
-    }
-    steps_++;
-    const int32_t bucket = cost_table::bucket_of((int32_t) (depth_sum / n_active));
+    t.bucket = t.n_active > 0 ? cost_table::bucket_of((int32_t) (depth_sum / t.n_active)) : 0;
+    // a step that also processed prompts (continuous batching) says nothing of verify or overhead costs
+    t.timed = o.t_step_ms >= 0.0 && o.t_target_ms >= 0.0;
+    return t;
+}
 
-    // costs: a batch of the size the two steps before ran is a steady run; one of another size is a one-off, whose
-    // extra over the size's steady cost is learnt apart (it prices probes, not the draft lengths a run settles on)
+void controller::observe_costs(const step_obs & o, const step_totals & t) {
+    // a batch of the size the two steps before ran is a steady run; one of another size is a one-off, whose extra
+    // over the size's steady cost is learnt apart (the cold cost of changing the batch size)
     if (o.t_target_ms >= 0.0) {
-        const bool steady = n_tok == tok_prev_[0] && n_tok == tok_prev_[1];
-        const double ref = target_.steady_cost(n_tok, bucket);
+        const bool steady = t.n_tok == tok_prev_[0] && t.n_tok == tok_prev_[1];
+        const double ref = target_.steady_cost(t.n_tok, t.bucket);
         if (!steady && ref >= 0.0) {
             const double excess = o.t_target_ms - ref;
             cold_ms_ = cold_seen_ ? cold_ms_ + EMA * (excess - cold_ms_) : excess;
             cold_seen_ = true;
         }
-        target_.observe(n_tok, bucket, o.t_target_ms, steady);
+        target_.observe(t.n_tok, t.bucket, o.t_target_ms, steady);
     }
     tok_prev_[1] = tok_prev_[0];
-    tok_prev_[0] = o.t_target_ms >= 0.0 ? n_tok : 0;
+    tok_prev_[0] = o.t_target_ms >= 0.0 ? t.n_tok : 0;
     double draft_ms = 0.0;
-    if (n_drafting > 0) {
+    if (t.n_drafting > 0) {
         if (p_.kind == DRAFTER_MODEL) {
-            if (n_model > 0) {
-                draft_first_.observe(first, bucket, o.t_draft_first_ms);
+            if (t.n_model > 0) {
+                draft_first_.observe(t.first, t.bucket, o.t_draft_first_ms);
             }
-            if (n_model > 0 && o.n_draft_iters > 0) {
-                const int32_t per_iter = std::max(1, (int32_t) std::lround((double) rest_rows / o.n_draft_iters));
-                draft_rest_.observe(per_iter, bucket, o.t_draft_rest_ms / o.n_draft_iters);
+            if (t.n_model > 0 && o.n_draft_iters > 0) {
+                const int32_t per_iter = std::max(1, (int32_t) std::lround((double) t.rest_rows / o.n_draft_iters));
+                draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters);
             }
             draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model
         } else {
-            const int32_t size = p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : p_.kind == DRAFTER_BLOCK ? n_drafting * (k_top + 1) : n_drafting;
+            const int32_t size = p_.kind == DRAFTER_AUTOREGRESSIVE ? t.k_sum
+                                 : p_.kind == DRAFTER_BLOCK        ? t.n_drafting * (t.k_top + 1)
+                                                                   : t.n_drafting;
             draft_call_.observe(size, 0, o.t_draft_call_ms);
             draft_ms = o.t_draft_call_ms;
         }
     }
-    // a step that also processed prompts (continuous batching) says nothing of verify or overhead costs
-    const bool timed = o.t_step_ms >= 0.0 && o.t_target_ms >= 0.0;
     const double rest = std::max(0.0, o.t_step_ms - o.t_target_ms - draft_ms);
-    if (!timed) {
-        // nothing to learn about overhead
-    } else if (n_drafting > 0) {
+    if (!t.timed) {
+        return;  // nothing to learn about overhead
+    }
+    if (t.n_drafting > 0) {
         overhead_spec_ = overhead_seen_spec_ ? overhead_spec_ + EMA * (rest - overhead_spec_) : rest;
         overhead_seen_spec_ = true;
     } else {
@@ -993,9 +1041,10 @@ void controller::observe(const step_obs & o) {
         overhead_seen_plain_ = true;
         since_plain_ = 0;
     }
+}
 
-    // acceptance
-    for (int32_t i = 0; i < n; ++i) {
+void controller::observe_acceptance(const step_obs & o) {
+    for (int32_t i = 0; i < (int32_t) s_.size(); ++i) {
         if (!o.active[i]) {
             continue;
         }
@@ -1014,27 +1063,63 @@ void controller::observe(const step_obs & o) {
         pool_[s.src].decay(f < HAZARD_DECAY ? f : POOL_DECAY);
         pool_[s.src].add(d, a);
     }
+}
 
+void controller::observe_ledgers(const step_obs & o, const step_totals & t) {
     // plain-decoding estimate of what was committed (once plain decoding was measured at this depth), and each
     // drafting stream's ledger: its share of the step's time (by verified rows) against plain decoding's
-    const double plain_tok = plain_step_ms(n_active, bucket) / n_active;
-    if (target_.known_at(n_active, bucket) || target_.known_at(1, bucket)) {
-        counters_.est_plain_ms += committed * plain_tok;
+    const double plain_tok = plain_step_ms(t.n_active, t.bucket) / t.n_active;
+    if (target_.known_at(t.n_active, t.bucket) || target_.known_at(1, t.bucket)) {
+        counters_.est_plain_ms += t.committed * plain_tok;
     }
-    if (p_.adaptive && n_drafting > 0 && timed) {
-        for (int32_t i = 0; i < n; ++i) {
-            if (o.active[i] && o.n_drafted[i] > 0) {
-                const int32_t rows = o.n_drafted[i] + 1;
-                const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
-                ledger_add(s_[i], o.t_step_ms * rows / n_tok, got * plain_tok, got);
+    if (!p_.adaptive || t.n_drafting == 0 || !t.timed) {
+        return;
+    }
+    for (int32_t i = 0; i < (int32_t) s_.size(); ++i) {
+        if (o.active[i] && o.n_drafted[i] > 0) {
+            const int32_t rows = o.n_drafted[i] + 1;
+            const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
+            ledger_add(s_[i], o.t_step_ms * rows / t.n_tok, got * plain_tok, got);
+        }
+    }
+}
+
+bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i) const {
+    // would drafting pay for stream i next to what the others drafted in this step?
+    const int32_t n = (int32_t) s_.size();
+    std::vector<int32_t> k(n, 0), act(o.active.begin(), o.active.begin() + n), pend(n, 0);
+    double others = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+        if (j != i && act[j]) {
+            k[j] = std::min(o.n_drafted[j], s_[j].off ? 0 : o.n_drafted[j]);
+            double surv = 1.0;
+            for (int32_t q = 0; q < k[j]; ++q) {
+                surv *= hazard(s_[j], q);
+                others += surv;
             }
         }
     }
-
-    // probe outcomes: back on when drafting would now pay for this stream alone, else probe less often
-    if (!p_.adaptive) {
-        return;
+    std::vector<int32_t> free_i(n, 0);
+    free_i[i] = s_[i].src;
+    const double base = (t.n_active + others) / predict_step(k, act, pend, t.bucket, free_i);
+    // turning drafting on changes the batch size (and back, some time later): its cold runs, over the steps it is
+    // expected to last, are part of what drafting must earn
+    const double switch_ms = 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS;
+    double expect = t.n_active + others, surv = 1.0;
+    for (int32_t j = 0; j < p_.n_max; ++j) {
+        surv *= hazard(s_[i], j);
+        expect += surv;
+        k[i] = j + 1;
+        if (expect / (predict_step(k, act, pend, t.bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base) {
+            return true;
+        }
     }
+    return false;
+}
+
+void controller::observe_probes(const step_obs & o, const step_totals & t) {
+    // probe outcomes: back on when drafting would now pay for this stream alone, else probe less often
+    const int32_t n = (int32_t) s_.size();
     for (int32_t i = 0; i < n; ++i) {
         stream_state & s = s_[i];
         if (!o.active[i] || !s.probing) {
@@ -1042,57 +1127,44 @@ void controller::observe(const step_obs & o) {
         }
         s.probing = false;
         counters_.n_probes++;
-        // would drafting pay for this stream next to what the others drafted in this step?
-        std::vector<int32_t> k(n, 0), act(o.active.begin(), o.active.begin() + n), pend(n, 0);
-        double others = 0.0;
-        for (int32_t j = 0; j < n; ++j) {
-            if (j != i && act[j]) {
-                k[j] = std::min(o.n_drafted[j], s_[j].off ? 0 : o.n_drafted[j]);
-                double surv = 1.0;
-                for (int32_t q = 0; q < k[j]; ++q) {
-                    surv *= hazard(s_[j], q);
-                    others += surv;
-                }
-            }
-        }
-        std::vector<int32_t> free_i(n, 0);
-        free_i[i] = s.src;
-        const double base = (n_active + others) / predict_step(k, act, pend, bucket, free_i);
-        // turning drafting on changes the batch size (and back, some time later): its cold runs, over the steps it
-        // is expected to last, are part of what drafting must earn
-        const double switch_ms = 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS;
-        double expect = n_active + others, surv = 1.0;
-        bool pays = false;
-        for (int32_t j = 0; j < p_.n_max && !pays; ++j) {
-            surv *= hazard(s, j);
-            expect += surv;
-            k[i] = j + 1;
-            pays = expect / (predict_step(k, act, pend, bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base;
-        }
-        if (pays) {
+        if (probe_pays(o, t, i)) {
             s.off = false;
             s.steps = 0;
-        } else {
-            // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse -
-            // but a cost still to measure is measured soon, while a draft model has little to catch up
-            std::vector<int32_t> free(n, 0);
-            free[i] = s.src;
-            const int32_t cap = probe_gap_cap(i, bucket, free);
-            const int32_t next = probe_len(i, p_.n_max, bucket, free, n_active == 1);
-            const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, bucket, 2));
-            // drafting's steady cost is measured by the very next step (a few in a row at most), and a short probe's
-            // batch in a steady run by the same probe again (its first runs on a GPU capture or run eagerly; a long
-            // probe's size, measured once, is held to the line of the short ones)
-            const bool repeat = n_active == 1 && o.n_drafted[i] <= PROBE_K + 1 && target_.steady_cost(n_tok, bucket) < 0.0;
-            const bool follow = next > 0 && n_active == 1 && (drafting_owed(bucket) || repeat) &&
-                                ++s.owed_run < OWED_RUN_MAX;
-            if (!follow) {
-                s.owed_run = 0;
-            }
-            s.repeat_k = follow && repeat ? o.n_drafted[i] : 0;
-            s.gap_len = follow ? 0 : owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
-            s.gap = s.gap_len;
+            continue;
         }
+        // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse - but a
+        // cost still to measure is measured soon, while a draft model has little to catch up
+        std::vector<int32_t> free(n, 0);
+        free[i] = s.src;
+        const int32_t cap = probe_gap_cap(i, t.bucket, free);
+        const int32_t next = probe_len(i, p_.n_max, t.bucket, free, t.n_active == 1);
+        const bool owed = next > PROBE_K || (next > 0 && !target_.measured_for(1 + PROBE_K, t.bucket, 2));
+        // drafting's steady cost is measured by the very next step (a few in a row at most), and a short probe's
+        // batch in a steady run by the same probe again (its first runs on a GPU capture or run eagerly; a long
+        // probe's size, measured once, is held to the line of the short ones)
+        const bool repeat = t.n_active == 1 && o.n_drafted[i] <= PROBE_K + 1 && target_.steady_cost(t.n_tok, t.bucket) < 0.0;
+        const bool follow = next > 0 && t.n_active == 1 && (drafting_owed(t.bucket) || repeat) &&
+                            ++s.owed_run < OWED_RUN_MAX;
+        if (!follow) {
+            s.owed_run = 0;
+        }
+        s.repeat_k = follow && repeat ? o.n_drafted[i] : 0;
+        s.gap_len = follow ? 0 : owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
+        s.gap = s.gap_len;
+    }
+}
+
+void controller::observe(const step_obs & o) {
+    const step_totals t = totals_of(o);
+    if (t.n_active == 0) {
+        return;
+    }
+    steps_++;
+    observe_costs(o, t);
+    observe_acceptance(o);
+    observe_ledgers(o, t);
+    if (p_.adaptive) {
+        observe_probes(o, t);
     }
 }
 

@@ -214,6 +214,29 @@ private:
         int32_t led_pos = 0;
     };
 
+    // observe(), step by step: what the step adds up to; its costs; acceptance; the ledgers; probe outcomes
+    struct step_totals;
+    step_totals totals_of(const step_obs & o) const;
+    void observe_costs(const step_obs & o, const step_totals & t);
+    void observe_acceptance(const step_obs & o);
+    void observe_ledgers(const step_obs & o, const step_totals & t);
+    bool probe_pays(const step_obs & o, const step_totals & t, int32_t stream) const;
+    void observe_probes(const step_obs & o, const step_totals & t);
+
+    // choose(), step by step: what the step is; plain steps owed; how long a draft may be before drafting was priced;
+    // probes of the streams that are off; the lengths that maximise tokens per ms; the streams' state after it
+    struct step_view;
+    step_view view_of(const std::vector<int32_t> & caps, const std::vector<int32_t> & depth,
+                      const std::vector<int32_t> & active, const std::vector<int32_t> & free_len);
+    bool calibrating(const step_view & v, const std::vector<int32_t> & active);
+    int32_t explore_cap(const step_view & v);
+    double plan_probes(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & k);
+    std::vector<int32_t> best_lengths(const step_view & v, const std::vector<int32_t> & active,
+                                      const std::vector<int32_t> & pending, std::vector<int32_t> k, double expect,
+                                      int32_t explore_cap) const;
+    void follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
+                       int32_t explore_cap);
+
     double hazard(const stream_state & s, int32_t i) const;
     double pooled(int32_t i, int32_t src = 0, const hazard_counts * except = nullptr) const;
     double predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
