@@ -356,6 +356,64 @@ void engine_draft(pls_session & s, const std::vector<int32_t> & k, step_timing &
     tm.draft_call_ms += (now_us() - t0) / 1000.0;
 }
 
+// The drafts of upstream's drafters (model drafters and n-gram lookups) for the lengths chosen; what they cannot
+// drop is checkpointed first.
+void engine_drafts(pls_session & s, step_timing & tm) {
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(s.ctx_tgt.get());
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay) {
+            continue;
+        }
+        // the engine's drafters keep their own state: checkpoint what they cannot drop
+        st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
+                           llama_memory_seq_pos_max(mem_tgt, st.seq));
+        if (s.use_ckpt_dft && ctx_dft) {
+            st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        }
+    }
+    std::vector<int32_t> want(s.sp.n_parallel, 0);
+    for (auto & st : s.streams) {
+        if (st.active && !st.replay) {
+            want[st.seq] = st.k;
+            // the rows a deferred drafter processes before this draft (those of the steps since its last one)
+            st.catchup = st.k > 0 ? common_speculative_n_deferred(s.spec, st.seq, st.n_past) : 0;
+        }
+    }
+    engine_draft(s, want, tm);
+    for (auto & st : s.streams) {
+        st.engine_draft = !st.draft.empty();
+    }
+}
+
+// Before the verify: a target checkpoint where a partial accept cannot roll back in place, and the engine's drafter
+// cleared of what it wrote while drafting.
+void prepare_verify(pls_session & s) {
+    llama_context * ctx_tgt = s.ctx_tgt.get();
+    llama_context * ctx_dft = s.ctx_dft.get();
+    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+    for (auto & st : s.streams) {
+        if (!st.active || st.replay) {
+            continue;
+        }
+        st.ckpt_valid = false;
+        if (!st.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) st.draft.size() > s.n_rs_seq))) {
+            scoped_timer tr(s.stats.t_rollback_ms);
+            st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
+                               llama_memory_seq_pos_max(mem_tgt, st.seq));
+            st.ckpt.update_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            st.ckpt_valid = true;
+        }
+        if (ctx_dft && !s.own_draft_model) {
+            // drop what the engine's drafter wrote while drafting (e.g. the DFlash noise block) before the verify
+            if (s.use_ckpt_dft) {
+                st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            }
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
+        }
+    }
+}
+
 // Choose each stream's draft length, then draft. With the shim's draft model and n-gram lookups together, the
 // lookups run first (nearly free) and the controller sees which streams have a free draft and how long it is;
 // the draft model drafts for the streams that draft and have none.
@@ -381,9 +439,6 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
         pending[st.seq] = s.own_draft_model ? draft_model_pending(st) : 0;
     }
 
-    llama_context * ctx_tgt = s.ctx_tgt.get();
-    llama_context * ctx_dft = s.ctx_dft.get();
-    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
     const bool lookups_first = s.own_draft_model && s.spec != nullptr;
     if (lookups_first) {
         engine_draft(s, caps, tm);
@@ -407,54 +462,12 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
     }
 
     if (s.spec && !s.own_draft_model) {
-        for (auto & st : s.streams) {
-            if (!st.active || st.replay) {
-                continue;
-            }
-            // the engine's drafters keep their own state: checkpoint what they cannot drop
-            st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
-                               llama_memory_seq_pos_max(mem_tgt, st.seq));
-            if (s.use_ckpt_dft && ctx_dft) {
-                st.ckpt.update_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            }
-        }
-        std::vector<int32_t> want(s.sp.n_parallel, 0);
-        for (auto & st : s.streams) {
-            if (st.active && !st.replay) {
-                want[st.seq] = st.k;
-                // the rows a deferred drafter processes before this draft (those of the steps since its last one)
-                st.catchup = st.k > 0 ? common_speculative_n_deferred(s.spec, st.seq, st.n_past) : 0;
-            }
-        }
-        engine_draft(s, want, tm);
-        for (auto & st : s.streams) {
-            st.engine_draft = !st.draft.empty();
-        }
+        engine_drafts(s, tm);
     }
     if (s.own_draft_model) {
         draft_model_run(s, tm);  // the streams with k > 0 and no draft yet
     }
-
-    for (auto & st : s.streams) {
-        if (!st.active || st.replay) {
-            continue;
-        }
-        st.ckpt_valid = false;
-        if (!st.draft.empty() && (s.use_ckpt_tgt_always || (s.n_rs_seq > 0 && (int32_t) st.draft.size() > s.n_rs_seq))) {
-            scoped_timer tr(s.stats.t_rollback_ms);
-            st.ckpt.update_pos(st.prompt_tgt.size(), llama_memory_seq_pos_min(mem_tgt, st.seq),
-                               llama_memory_seq_pos_max(mem_tgt, st.seq));
-            st.ckpt.update_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            st.ckpt_valid = true;
-        }
-        if (ctx_dft && !s.own_draft_model) {
-            // drop what the engine's drafter wrote while drafting (e.g. the DFlash noise block) before the verify
-            if (s.use_ckpt_dft) {
-                st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            }
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
-        }
-    }
+    prepare_verify(s);
 }
 
 // NaN logits (broken weights, a quantization that overflowed) make every choice arbitrary and every margin
@@ -556,57 +569,38 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
                                               refuse ? llama_tokens() : st.draft);
 }
 
-// After the shared verify: commit and roll back one stream. Appends its committed tokens (and margins).
-void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampler_ptr & smpl_save,
-            std::vector<int32_t> & out_tokens, std::vector<float> & out_margins) {
-    llama_context * ctx_tgt = s.ctx_tgt.get();
-    llama_context * ctx_dft = s.ctx_dft.get();
-    llama_memory_t mem_tgt = llama_get_memory(ctx_tgt);
+// A partial accept on a checkpointed verify: restore the state before it and replay the accepted tokens as the
+// next "draft"; the checkpoint stays valid, so a replay that disagrees at a near-tie is restored and replayed again.
+void restore_for_replay(pls_session & s, stream_state & st, llama_tokens & ids, common_sampler_ptr & smpl_save,
+                        size_t n_draft, size_t n_accepted, bool replay) {
+    scoped_timer t(s.stats.t_rollback_ms);
+    for (pls_stats * c : { &s.stats, &st.stats }) {
+        c->n_rollback_checkpoint++;
+        c->n_replayed += ids.size();
+        if (!replay) {
+            count_step(*c, n_draft, n_accepted);
+        }
+    }
+    // the drafters hear about acceptance after the replay, whose verify batch they will have processed
+    st.draft = std::move(ids);
+    st.replay = true;
+    st.ckpt.load_tgt(s.ctx_tgt.get(), st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), st.seq, st.ckpt.pos_max + 1, -1);
+    st.prompt_tgt.resize(st.ckpt.n_tokens);
+    st.smpl = std::move(smpl_save);
+    st.n_past = (int32_t) st.prompt_tgt.size();
+    if (s.own_draft_model) {
+        draft_model_truncate(s, st, st.n_past);
+    } else if (s.ctx_dft) {
+        st.ckpt.load_dft(s.ctx_dft.get(), st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), st.seq, st.ckpt.pos_max + 1, -1);
+    }
+}
+
+// The committed tokens into the stream's text and out_tokens (and margins), up to an end of generation or n_predict.
+void commit_tokens(pls_session & s, stream_state & st, const llama_tokens & ids, std::vector<int32_t> & out_tokens,
+                   std::vector<float> & out_margins) {
     const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
-    const size_t n_draft = st.draft.size();
-    const bool replay = st.replay;
-    const size_t n_accepted = ids.size() - 1;
-    st.n_accepted_step = (int32_t) n_accepted;
-
-    st.n_past += 1;
-    if (st.ckpt_valid && n_accepted < n_draft) {
-        // restore the state before this verify and replay the accepted tokens as the next "draft"; the
-        // checkpoint stays valid, so a replay that disagrees at a near-tie is restored and replayed again
-        scoped_timer t(s.stats.t_rollback_ms);
-        for (pls_stats * c : { &s.stats, &st.stats }) {
-            c->n_rollback_checkpoint++;
-            c->n_replayed += ids.size();
-            if (!replay) {
-                count_step(*c, n_draft, n_accepted);
-            }
-        }
-        // the drafters hear about acceptance after the replay, whose verify batch they will have processed
-        st.draft = std::move(ids);
-        st.replay = true;
-        st.ckpt.load_tgt(ctx_tgt, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-        llama_memory_seq_rm(mem_tgt, st.seq, st.ckpt.pos_max + 1, -1);
-        st.prompt_tgt.resize(st.ckpt.n_tokens);
-        st.smpl = std::move(smpl_save);
-        st.n_past = (int32_t) st.prompt_tgt.size();
-        if (s.own_draft_model) {
-            draft_model_truncate(s, st, st.n_past);
-        } else if (ctx_dft) {
-            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
-        }
-        return;  // nothing committed yet: the next step replays and commits
-    }
-
-    if (!replay) {
-        count_step(s.stats, n_draft, n_accepted);
-        count_step(st.stats, n_draft, n_accepted);
-    }
-    if (s.spec && (!s.own_draft_model || st.engine_draft)) {
-        // a replay commits exactly what the checkpointed step accepted; drafters still need to hear it
-        common_speculative_accept(s.spec, st.seq, (uint16_t) (st.engine_draft || !s.own_draft_model ? n_accepted : 0));
-    }
-
-    st.n_past += (int32_t) n_accepted;
     for (size_t i = 0; i < ids.size(); ++i) {
         st.prompt_tgt.push_back(st.id_last);
         st.id_last = ids[i];
@@ -620,38 +614,66 @@ void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampl
         }
         out_tokens.push_back(st.id_last);
         if (s.sp.collect_margins) {
-            out_margins.push_back(top2_margin(llama_get_logits_ith(ctx_tgt, st.i_batch + (int32_t) i), s.n_vocab));
+            out_margins.push_back(top2_margin(llama_get_logits_ith(s.ctx_tgt.get(), st.i_batch + (int32_t) i), s.n_vocab));
         }
         st.n_emitted++;
     }
-    st.replay = false;
+}
 
+// Target and drafters back to what the stream committed: positions from n_past on are dropped.
+void roll_back(pls_session & s, stream_state & st, size_t n_draft, size_t n_accepted, bool replay) {
+    llama_context * ctx_dft = s.ctx_dft.get();
+    scoped_timer t(s.stats.t_rollback_ms);
+    if (!llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), st.seq, st.n_past, -1)) {
+        fail(PLS_ERR_DECODE, "rollback of the target to position " + std::to_string(st.n_past) + " was refused");
+    }
+    if (s.own_draft_model) {
+        draft_model_settle(s, st);
+    } else if (ctx_dft && s.use_ckpt_dft && n_accepted < n_draft && !replay) {
+        // a drafter that cannot drop tokens saw the whole verify batch: restore its state from before the draft and
+        // feed it only what the target kept
+        st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
+        common_batch kept(ctx_dft);
+        for (size_t i = 0; i <= n_accepted; ++i) {
+            kept.add(s.batch.tokens[st.i_batch + i].id, st.ckpt.pos_max + 1 + (int32_t) i, st.seq, false);
+        }
+        decode_or_throw(ctx_dft, kept, "drafter catch-up");
+    } else if (ctx_dft) {
+        llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.n_past, -1);
+    }
+}
+
+// After the shared verify: commit and roll back one stream. Appends its committed tokens (and margins).
+void settle(pls_session & s, stream_state & st, llama_tokens & ids, common_sampler_ptr & smpl_save,
+            std::vector<int32_t> & out_tokens, std::vector<float> & out_margins) {
+    const size_t n_draft = st.draft.size();
+    const bool replay = st.replay;
+    const size_t n_accepted = ids.size() - 1;
+    st.n_accepted_step = (int32_t) n_accepted;
+
+    st.n_past += 1;
+    if (st.ckpt_valid && n_accepted < n_draft) {
+        restore_for_replay(s, st, ids, smpl_save, n_draft, n_accepted, replay);
+        return;  // nothing committed yet: the next step replays and commits
+    }
+    if (!replay) {
+        count_step(s.stats, n_draft, n_accepted);
+        count_step(st.stats, n_draft, n_accepted);
+    }
+    if (s.spec && (!s.own_draft_model || st.engine_draft)) {
+        // a replay commits exactly what the checkpointed step accepted; drafters still need to hear it
+        common_speculative_accept(s.spec, st.seq, (uint16_t) (st.engine_draft || !s.own_draft_model ? n_accepted : 0));
+    }
+    st.n_past += (int32_t) n_accepted;
+    commit_tokens(s, st, ids, out_tokens, out_margins);
+    st.replay = false;
     if (n_accepted < n_draft && !replay) {
         for (pls_stats * c : { &s.stats, &st.stats }) {
             (s.n_rs_seq > 0 ? c->n_rollback_ring : c->n_rollback_kv)++;
         }
     }
-    {
-        scoped_timer t(s.stats.t_rollback_ms);
-        if (!llama_memory_seq_rm(mem_tgt, st.seq, st.n_past, -1)) {
-            fail(PLS_ERR_DECODE, "rollback of the target to position " + std::to_string(st.n_past) + " was refused");
-        }
-        if (s.own_draft_model) {
-            draft_model_settle(s, st);
-        } else if (ctx_dft && s.use_ckpt_dft && n_accepted < n_draft && !replay) {
-            // a drafter that cannot drop tokens saw the whole verify batch: restore its state from before the draft
-            // and feed it only what the target kept
-            st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
-            common_batch kept(ctx_dft);
-            for (size_t i = 0; i <= n_accepted; ++i) {
-                kept.add(s.batch.tokens[st.i_batch + i].id, st.ckpt.pos_max + 1 + (int32_t) i, st.seq, false);
-            }
-            decode_or_throw(ctx_dft, kept, "drafter catch-up");
-        } else if (ctx_dft) {
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.n_past, -1);
-        }
-    }
+    roll_back(s, st, n_draft, n_accepted, replay);
     st.draft.clear();
     st.stats.n_generated += (int64_t) (out_tokens.size());
     s.stats.n_generated += (int64_t) (out_tokens.size());
@@ -767,26 +789,10 @@ void record_trace(pls_session & s, const step_obs & obs, const step_timing & tm,
 
 }  // namespace
 
-int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
-    // reused across steps: clear, keep the capacity
-    out_tokens.resize(s.streams.size());
-    out_margins.resize(s.streams.size());
-    for (size_t k = 0; k < s.streams.size(); ++k) {
-        out_tokens[k].clear();
-        out_margins[k].clear();
-    }
-    if (s.reset_requested.exchange(false)) {
-        reset_stats_now(s);
-    }
-    if (!s.active) {
-        return 0;
-    }
-    llama_context * ctx_tgt = s.ctx_tgt.get();
-    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(ctx_tgt);
-    const int64_t t_step0 = now_us();
-    const int64_t captures0 = graph_captures();
+namespace {
 
-    const bool stop = s.stop_requested.load();
+// Streams that are asked to stop or whose context is full finish; false when none is left to step.
+bool end_finished_streams(pls_session & s, int32_t n_ctx_seq, bool stop) {
     bool any = false;
     for (auto & st : s.streams) {
         if ((st.active || st.prefilling) && stop) {
@@ -797,76 +803,61 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         }
         any = any || st.active || st.prefilling;
     }
-    if (!any) {
-        s.active = false;
-        if (stop) {
-            s.stop_requested.store(false);  // consumed
-        }
-        publish_stats(s);
-        return 0;
-    }
+    return any;
+}
 
-    step_timing tm;
-    bool drafting = false;
-    for (auto & st : s.streams) {
-        drafting = drafting || st.active;
-    }
-    if (s.drafter_kind != DRAFTER_NONE && drafting) {
-        const int64_t t0 = now_us();
-        draft_phase(s, n_ctx_seq, tm);
-        s.stats.t_draft_ms += (now_us() - t0) / 1000.0;
-    }
-
-    // one target batch: every active stream's [id_last, draft...], then chunks of prompts still being processed
+// One target batch: every active stream's [id_last, draft...], then chunks of prompts still being processed; the
+// drafters that read it, the device's finish, and each stream's verdict (ids[k], with its sampler saved in saved[k]
+// where a checkpoint may restore it). Returns the prompt rows in the batch.
+int32_t verify_batch(pls_session & s, std::vector<llama_tokens> & ids, std::vector<common_sampler_ptr> & saved,
+                     step_timing & tm) {
+    llama_context * ctx_tgt = s.ctx_tgt.get();
     common_batch & batch = s.batch;
-    std::vector<llama_tokens> ids(s.streams.size());
-    std::vector<common_sampler_ptr> saved(s.streams.size());
-    int32_t n_prompt_rows = 0;
-    {
-        const int64_t t0 = now_us();
-        batch.clear();
-        for (auto & st : s.streams) {
-            if (!st.active) {
-                continue;
-            }
-            st.i_batch = (int32_t) batch.size();
-            batch.add(st.id_last, st.n_past, st.seq, true);
-            for (size_t i = 0; i < st.draft.size(); ++i) {
-                batch.add(st.draft[i], st.n_past + 1 + (int32_t) i, st.seq, true);
-            }
+    const int64_t t0 = now_us();
+    batch.clear();
+    for (auto & st : s.streams) {
+        if (!st.active) {
+            continue;
         }
-        const int32_t prompt_from = batch.size();
-        add_prompt_chunks(s, batch);
-        n_prompt_rows = batch.size() - prompt_from;
-        if (batch.size() > 0) {
-            decode_or_throw(ctx_tgt, batch, prompt_from > 0 ? "verification" : "prompt processing");
+        st.i_batch = (int32_t) batch.size();
+        batch.add(st.id_last, st.n_past, st.seq, true);
+        for (size_t i = 0; i < st.draft.size(); ++i) {
+            batch.add(st.draft[i], st.n_past + 1 + (int32_t) i, st.seq, true);
         }
-        const int64_t t1 = now_us();
-        feed_drafters(s, batch, prompt_from);
-        if (s.process_every_batch) {
-            s.stats.t_process_ms += (now_us() - t1) / 1000.0;
-        }
-        // the device finishing the batch (on a GPU the decode call only queued it)
-        const int64_t t_sync0 = now_us();
-        llama_synchronize(ctx_tgt);
-        const int64_t t2 = now_us();
-        s.stats.t_sync_ms += (t2 - t_sync0) / 1000.0;
-        s.stats.t_verify_ms += (t2 - t0) / 1000.0 - (s.process_every_batch ? (t_sync0 - t1) / 1000.0 : 0.0);
-        for (size_t k = 0; k < s.streams.size(); ++k) {
-            stream_state & st = s.streams[k];
-            if (!st.active) {
-                continue;
-            }
-            if (st.ckpt_valid) {
-                saved[k].reset(common_sampler_clone(st.smpl.get()));
-            }
-            ids[k] = sample_stream(s, st);
-        }
-        s.stats.t_sample_ms += (now_us() - t2) / 1000.0;
-        tm.target_ms = (now_us() - t0) / 1000.0;
     }
+    const int32_t prompt_from = batch.size();
+    add_prompt_chunks(s, batch);
+    if (batch.size() > 0) {
+        decode_or_throw(ctx_tgt, batch, prompt_from > 0 ? "verification" : "prompt processing");
+    }
+    const int64_t t1 = now_us();
+    feed_drafters(s, batch, prompt_from);
+    if (s.process_every_batch) {
+        s.stats.t_process_ms += (now_us() - t1) / 1000.0;
+    }
+    // the device finishing the batch (on a GPU the decode call only queued it)
+    const int64_t t_sync0 = now_us();
+    llama_synchronize(ctx_tgt);
+    const int64_t t2 = now_us();
+    s.stats.t_sync_ms += (t2 - t_sync0) / 1000.0;
+    s.stats.t_verify_ms += (t2 - t0) / 1000.0 - (s.process_every_batch ? (t_sync0 - t1) / 1000.0 : 0.0);
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        stream_state & st = s.streams[k];
+        if (!st.active) {
+            continue;
+        }
+        if (st.ckpt_valid) {
+            saved[k].reset(common_sampler_clone(st.smpl.get()));
+        }
+        ids[k] = sample_stream(s, st);
+    }
+    s.stats.t_sample_ms += (now_us() - t2) / 1000.0;
+    tm.target_ms = (now_us() - t0) / 1000.0;
+    return batch.size() - prompt_from;
+}
 
-    // the controller's observation, taken before settling changes the streams
+// The controller's observation of the step, taken before settling changes the streams (its times are added after).
+step_obs observation(pls_session & s, const std::vector<llama_tokens> & ids) {
     step_obs obs;
     obs.k.assign(s.sp.n_parallel, 0);
     obs.n_drafted.assign(s.sp.n_parallel, 0);
@@ -897,8 +888,13 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
             st.stats.n_catchup += st.catchup;
         }
     }
+    return obs;
+}
 
-    int32_t n_left = 0;
+// Every active stream commits and rolls back; prompts now fully processed start generating. Returns the streams
+// still generating or processing their prompt.
+int32_t settle_streams(pls_session & s, std::vector<llama_tokens> & ids, std::vector<common_sampler_ptr> & saved,
+                       std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
     for (size_t k = 0; k < s.streams.size(); ++k) {
         stream_state & st = s.streams[k];
         if (st.active) {
@@ -906,9 +902,57 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         }
     }
     finish_prompts(s);
+    int32_t n_left = 0;
     for (auto & st : s.streams) {
         n_left += st.active || st.prefilling;
     }
+    return n_left;
+}
+
+}  // namespace
+
+int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, std::vector<std::vector<float>> & out_margins) {
+    // reused across steps: clear, keep the capacity
+    out_tokens.resize(s.streams.size());
+    out_margins.resize(s.streams.size());
+    for (size_t k = 0; k < s.streams.size(); ++k) {
+        out_tokens[k].clear();
+        out_margins[k].clear();
+    }
+    if (s.reset_requested.exchange(false)) {
+        reset_stats_now(s);
+    }
+    if (!s.active) {
+        return 0;
+    }
+    const int32_t n_ctx_seq = (int32_t) llama_n_ctx_seq(s.ctx_tgt.get());
+    const int64_t t_step0 = now_us();
+    const int64_t captures0 = graph_captures();
+    const bool stop = s.stop_requested.load();
+    if (!end_finished_streams(s, n_ctx_seq, stop)) {
+        s.active = false;
+        if (stop) {
+            s.stop_requested.store(false);  // consumed
+        }
+        publish_stats(s);
+        return 0;
+    }
+
+    step_timing tm;
+    bool drafting = false;
+    for (auto & st : s.streams) {
+        drafting = drafting || st.active;
+    }
+    if (s.drafter_kind != DRAFTER_NONE && drafting) {
+        const int64_t t0 = now_us();
+        draft_phase(s, n_ctx_seq, tm);
+        s.stats.t_draft_ms += (now_us() - t0) / 1000.0;
+    }
+    std::vector<llama_tokens> ids(s.streams.size());
+    std::vector<common_sampler_ptr> saved(s.streams.size());
+    const int32_t n_prompt_rows = verify_batch(s, ids, saved, tm);
+    step_obs obs = observation(s, ids);
+    const int32_t n_left = settle_streams(s, ids, saved, out_tokens, out_margins);
     s.active = n_left > 0;
     const double step_ms = (now_us() - t_step0) / 1000.0;
     s.stats.t_decode_ms += step_ms;
@@ -924,7 +968,7 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         s.ctl->observe(obs);
     }
     if (s.sp.trace_steps > 0) {
-        record_trace(s, obs, tm, batch.size(), n_prompt_rows, step_ms, graph_captures() - captures0);
+        record_trace(s, obs, tm, s.batch.size(), n_prompt_rows, step_ms, graph_captures() - captures0);
     }
     if (!s.active && stop) {
         s.stop_requested.store(false);
