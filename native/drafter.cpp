@@ -73,27 +73,16 @@ int32_t draft_model_pending(const stream_state & st) {
     return std::max(0, st.n_past - st.dft.pos);
 }
 
-void draft_model_run(pls_session & s, step_timing & tm) {
-    llama_context * ctx = s.ctx_dft.get();
-    llama_memory_t mem = llama_get_memory(ctx);
-    const int32_t n_batch = (int32_t) llama_n_batch(ctx);
+namespace {
+
+// The catch-up (what the draft model has not seen) and each drafting stream's last token, in as few decodes as fit;
+// out_idx[seq] receives the row of the stream's first draft logits.
+void draft_model_first(pls_session & s, const std::vector<stream_state *> & drafting, std::vector<int32_t> & out_idx) {
+    llama_memory_t mem = llama_get_memory(s.ctx_dft.get());
+    const int32_t n_batch = (int32_t) llama_n_batch(s.ctx_dft.get());
     const int32_t limit = s.ctl->catchup_limit(s.ctl->last_bucket());
     common_batch & batch = s.batch_dft;
-
-    std::vector<stream_state *> drafting;
-    for (auto & st : s.streams) {
-        if (st.active && !st.replay && st.k > 0 && st.draft.empty()) {
-            drafting.push_back(&st);
-        }
-    }
-    if (drafting.empty()) {
-        return;
-    }
-
-    // catch-up (what the draft model has not seen) and each stream's last token, in as few decodes as fit
-    const int64_t t0 = now_us();
     batch.clear();
-    std::vector<int32_t> out_idx(s.streams.size(), -1);
     for (stream_state * st : drafting) {
         int32_t from = st->dft.pos;
         if (st->n_past - from > limit) {
@@ -133,9 +122,13 @@ void draft_model_run(pls_session & s, step_timing & tm) {
     // the device finishing the decode (on a GPU the call only queued it): the wait belongs to this decode's cost,
     // not to whatever synchronises next (the sampling below, after the clock has moved on)
     llama_synchronize(s.ctx_dft.get());
-    tm.draft_first_ms += (now_us() - t0) / 1000.0;
+}
 
-    // one token per decode for every stream still drafting; each stops at its k or below p_min
+// One token per decode for every stream still drafting; each stops at its k or below p_min.
+void draft_model_rest(pls_session & s, const std::vector<stream_state *> & drafting, std::vector<int32_t> & out_idx,
+                      step_timing & tm) {
+    llama_context * ctx = s.ctx_dft.get();
+    common_batch & batch = s.batch_dft;
     size_t n_left = drafting.size();
     while (n_left > 0) {
         const int64_t t1 = now_us();
@@ -167,10 +160,29 @@ void draft_model_run(pls_session & s, step_timing & tm) {
             break;
         }
         decode_dft(s, "draft");
-        llama_synchronize(s.ctx_dft.get());
+        llama_synchronize(ctx);
         tm.draft_rest_ms += (now_us() - t1) / 1000.0;
         tm.draft_iters++;
     }
+}
+
+}  // namespace
+
+void draft_model_run(pls_session & s, step_timing & tm) {
+    std::vector<stream_state *> drafting;
+    for (auto & st : s.streams) {
+        if (st.active && !st.replay && st.k > 0 && st.draft.empty()) {
+            drafting.push_back(&st);
+        }
+    }
+    if (drafting.empty()) {
+        return;
+    }
+    std::vector<int32_t> out_idx(s.streams.size(), -1);
+    const int64_t t0 = now_us();
+    draft_model_first(s, drafting, out_idx);
+    tm.draft_first_ms += (now_us() - t0) / 1000.0;
+    draft_model_rest(s, drafting, out_idx, tm);
     for (stream_state * st : drafting) {
         if ((int32_t) st->draft.size() < st->n_min) {
             st->draft.clear();
