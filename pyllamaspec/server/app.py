@@ -210,11 +210,20 @@ def _close_loaded(loaded: Loaded) -> None:
 # -- from requests to jobs, from the engine's conditions to status codes ------------------------------
 
 
+# a sequence setting's name in a request, where it differs from SequenceParams'
+_REQUEST_FIELD = {"temp": "temperature", "n_predict": "max_tokens"}
+
+
 def _sequence_params(req) -> SequenceParams:
+    """The request's settings for its sequence; a value the sequence cannot take is a 400 naming the field."""
     n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
     seed = UINT32_MAX if req.seed == -1 else req.seed
-    return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                          min_p=req.min_p, seed=seed, **req.draft_settings())
+    try:
+        return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                              min_p=req.min_p, seed=seed, **req.draft_settings())
+    except ConfigError as e:
+        param = getattr(e, "param", None)
+        raise APIError(400, str(e), param=_REQUEST_FIELD.get(param, param)) from None
 
 
 def _refusal_error(e: EngineBusy | EngineDraining) -> APIError:

@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from .schemas import APIError
+    from .responses import APIError
 
 log = logging.getLogger("pyllamaspec.server")
 
@@ -72,7 +72,7 @@ def _encodable(s: str) -> bool:
 
 
 def _api_error(*args, **kwargs) -> "APIError":
-    from .schemas import APIError
+    from .responses import APIError
 
     return APIError(*args, **kwargs)
 
