@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import math
 import random
 import statistics
 import sys
@@ -195,7 +194,7 @@ class Acceptance:
     def bursts(cls, p_high: float, p_low: float, mean_len: int, seed: int = 1) -> "Acceptance":
         """Stretches of high and low acceptance of geometric length (mean mean_len positions)."""
         rng = random.Random(seed * 7919)
-        edges, pos, high = [], 0, True
+        edges, pos = [], 0
         while pos < 1 << 22:
             pos += max(1, int(rng.expovariate(1.0 / mean_len)))
             edges.append(pos)

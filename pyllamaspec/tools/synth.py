@@ -19,7 +19,6 @@ import math
 import os
 import re
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -377,7 +376,6 @@ _FTYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}  # llama_ftype
 def _write_target_meta(path: Path, shape: TargetShape, type: str, name: str) -> None:
     """A GGUF of keys only: the target's metadata and upstream's test tokenizer (tok_<i>, no BOS/EOS)."""
     import gguf
-    import numpy as np
 
     w = gguf.GGUFWriter(str(path), arch=shape.arch)
     try:
