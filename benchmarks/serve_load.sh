@@ -14,6 +14,8 @@
 #   ONLY            a comma list of the servers to start (default: all of ours-plain, ours-adaptive, ours-n4,
 #                   upstream-plain, upstream-n4, llama-cpp-python that can run)
 #   SETTLE          seconds of quiet before each phase (default 1)
+#   BEFORE          a directory holding another installed copy of the package (pip install --target): its servers run
+#                   beside ours as before-plain and before-adaptive, in the same load - two versions in one run
 set -euo pipefail
 : "${T:?target GGUF}" "${D:?drafter GGUF}" "${OUT:?output JSON}"
 NP=${NP:-8}; CTX=${CTX:-8192}; THREADS=${THREADS:-2}
@@ -44,6 +46,11 @@ start ours-plain 8101 "$PYTHON" -m pyllamaspec.cli serve -m "$T" "${common[@]}" 
 start ours-adaptive 8102 "$PYTHON" -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple "${common[@]}" --port 8102
 start ours-n4 8103 "$PYTHON" -m pyllamaspec.cli serve -m "$T" -md "$D" --spec-type draft-simple --spec-draft-n-max 4 \
     --spec-adaptive off "${common[@]}" --port 8103
+if [ -n "${BEFORE:-}" ]; then
+    start before-plain 8111 env PYTHONPATH="$BEFORE" "$PYTHON" -m pyllamaspec.cli serve -m "$T" "${common[@]}" --port 8111
+    start before-adaptive 8112 env PYTHONPATH="$BEFORE" "$PYTHON" -m pyllamaspec.cli serve -m "$T" -md "$D" \
+        --spec-type draft-simple "${common[@]}" --port 8112
+fi
 if [ -n "${LLAMA_SERVER:-}" ]; then
     LLAMA_SERVER=$(realpath "$LLAMA_SERVER")
     start upstream-plain 8104 "$LLAMA_SERVER" -m "$T" "${common[@]}" --port 8104

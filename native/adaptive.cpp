@@ -34,6 +34,7 @@ constexpr int32_t NEW_PROMPT_GAP_MAX = 32; // first probe interval of a new prom
 constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
 constexpr int32_t SWITCH_STEPS = 8;        // a stream turned on by a probe is expected to draft this long, at least
 constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its cold runs: on a GPU an eager one, then a capture
+constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
 
 }  // namespace
 
@@ -406,7 +407,7 @@ void controller::reset_stream(int32_t stream) {
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
     s.probing = false;
     // (a second reset before any step - a session resets its streams, then starts the prompt's - changes nothing)
-    if ((s.off || s.resume_gap > 0) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
+    if ((s.off || s.resume_gap > 0) && cold_dear(last_bucket_) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
         // probes are dear here (a GPU's cold batches): the new prompt is judged by what the streams' drafts showed so
         // far (turned on at once where that says it pays), and if it stays off its probes keep their schedule -
         // at the rate the probe budget allows however short the prompts are
@@ -683,8 +684,8 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
 
     // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
-    // a step that changes the size pays that, so a draft length is left only for one that gains more than it costs
-    const double cold = SWITCH_WEIGHT * cold_ms();
+    // where that is dear, a step that changes the size pays it, so a draft length is left only for one that gains more
+    const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
     auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
@@ -921,6 +922,11 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
     }
 }
 
+bool controller::cold_dear(int32_t bucket) const {
+    const double plain = plain_step_ms(1, bucket);
+    return plain > 0.0 && cold_ms() > COLD_DEAR * plain;
+}
+
 int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     // steps between probes for them to cost PROBE_BUDGET of plain decoding, a draft model's catch-up aside
     if (!target_.has_any()) {
@@ -1104,7 +1110,7 @@ bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i
     const double base = (t.n_active + others) / predict_step(k, act, pend, t.bucket, free_i);
     // turning drafting on changes the batch size (and back, some time later): its cold runs, over the steps it is
     // expected to last, are part of what drafting must earn
-    const double switch_ms = 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS;
+    const double switch_ms = cold_dear(t.bucket) ? 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS : 0.0;
     double expect = t.n_active + others, surv = 1.0;
     for (int32_t j = 0; j < p_.n_max; ++j) {
         surv *= hazard(s_[i], j);

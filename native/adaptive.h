@@ -247,6 +247,9 @@ private:
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
     // the probe interval at which probes cost PROBE_BUDGET of plain decoding (a GPU's cold batches included)
     int32_t probe_gap_budget(int32_t stream, int32_t bucket) const;
+    // a change of batch size is dear here: its cold run costs a good share of a plain step (a GPU's graphs); on a CPU
+    // it is not, and the choice ignores it
+    bool cold_dear(int32_t bucket) const;
     // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
     // its step, whose probe batch is that size), 0 where even the best case cannot pay by measured costs
