@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import _native
-from .config import MAX_DRAFT
+from .config import MAX_DRAFT, MAX_STREAMS
 from .errors import ConfigError
 
 DRAFTER_KINDS = {"model": 1, "autoregressive": 2, "block": 3, "ngram": 4}
@@ -43,6 +43,8 @@ class Controller:
             raise ConfigError(f"kind={kind!r} must be one of {', '.join(DRAFTER_KINDS)}")
         if not 0 <= n_max <= MAX_DRAFT:
             raise ConfigError(f"n_max={n_max} must be within 0..{MAX_DRAFT}")
+        if not 1 <= n_streams <= MAX_STREAMS:
+            raise ConfigError(f"n_streams={n_streams} must be within 1..{MAX_STREAMS}")
         self.n_max, self.n_streams = n_max, n_streams
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
@@ -55,7 +57,13 @@ class Controller:
         self._k = ffi.new("int32_t[]", n_streams)
 
     def _ints(self, values: Sequence[int] | None, default: int = 0):
-        return self._ffi.new("int32_t[]", list(values) if values is not None else [default] * self.n_streams)
+        """One int per stream (the native side reads n_streams of each): a list of another length is refused."""
+        if values is None:
+            return self._ffi.new("int32_t[]", [default] * self.n_streams)
+        values = [int(v) for v in values]
+        if len(values) != self.n_streams:
+            raise ConfigError(f"{len(values)} values given for a controller of {self.n_streams} streams: one per stream")
+        return self._ffi.new("int32_t[]", values)
 
     def choose(self, caps: Sequence[int], depth: Sequence[int], active: Sequence[int] | None = None,
                pending: Sequence[int] | None = None, free: Sequence[int] | None = None) -> list[int]:

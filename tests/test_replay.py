@@ -64,3 +64,16 @@ def test_acceptance_is_a_property_of_the_position_the_same_for_every_arm():
     assert a.accepted(10, 5) == first_miss
     switch = replay.Acceptance.switch(0.0, 1.0, at=100, seed=1)
     assert switch.accepted(50, 8) == 0 and switch.accepted(100, 8) == 8
+
+
+def test_the_controller_refuses_per_stream_lists_of_another_length():
+    # the native side reads one value per stream: a shorter list would be read past its end
+    from pyllamaspec.controller import Controller
+    from pyllamaspec.errors import ConfigError
+
+    c = Controller(4, n_streams=2, kind="block")
+    assert len(c.choose([4, 4], [10, 10])) == 2
+    with pytest.raises(ConfigError, match="1 values given for a controller of 2 streams"):
+        c.choose([4], [10, 10])
+    with pytest.raises(ConfigError, match="n_streams=0"):
+        Controller(4, n_streams=0)
