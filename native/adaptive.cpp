@@ -11,8 +11,11 @@ namespace pls {
 namespace {
 
 constexpr double EMA = 0.25;               // weight of a new cost observation
-constexpr double HAZARD_DECAY = 0.97;      // per draft of a stream: ~33 drafts of memory
-constexpr double POOL_DECAY = 0.97;
+// per draft of a stream: ~100 drafts of memory. Shorter memories flip marginal streams off on a run of bad luck (at a
+// true acceptance of 0.6 the estimate of ~33 drafts strays below break-even often), and on a GPU every flip pays cold
+// batch shapes; a real change of content is caught sooner by the ledger and by probes than by the hazards
+constexpr double HAZARD_DECAY = 0.99;
+constexpr double POOL_DECAY = 0.99;
 constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimistic, so speculation gets tried
 constexpr double PRIOR_WEIGHT = 2.0;
 constexpr double POSITION_WEIGHT = 2.0;

@@ -91,12 +91,18 @@ void reset_generation(pls_session & s) {
     if (s.ctx_dft) {
         llama_memory_clear(llama_get_memory(s.ctx_dft.get()), true);
     }
-    if (s.spec) {
+    // Drafters that read the target's features are kept from one generation to the next: creating one switches
+    // feature extraction on in the target, which re-plans the target's compute graphs (on a GPU every batch shape is
+    // then run eagerly and captured again). Each sequence's state is reset where its prompt starts
+    // (common_speculative_defer, common_speculative_begin), as for a slot's next request. After a failed step the
+    // engine is built anew. Other engines (n-gram lookups) start every generation fresh.
+    if (s.spec && !(s.process_every_batch && s.spec_reusable)) {
         common_speculative_free(s.spec);
         s.spec = nullptr;
     }
+    s.spec_reusable = true;
     const auto types = engine_types(s);
-    if (!types.empty() && !has_type(types, COMMON_SPECULATIVE_TYPE_NONE)) {
+    if (s.spec == nullptr && !types.empty() && !has_type(types, COMMON_SPECULATIVE_TYPE_NONE)) {
         // one drafting state per sequence the contexts hold, whether or not this generation uses them all
         common_params_speculative sp = s.params.speculative;
         sp.types = types;
@@ -1050,6 +1056,9 @@ int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
 
 void end_generation(pls_session & s, int32_t why) {
     s.active = false;
+    if (why == PLS_FINISH_ERROR) {
+        s.spec_reusable = false;  // its per-sequence state may be half-updated: the next generation builds it anew
+    }
     for (auto & st : s.streams) {
         if (st.active) {
             finish_stream(st, why);

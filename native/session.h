@@ -102,6 +102,7 @@ struct pls_session {
     llama_context_ptr ctx_tgt;
     llama_context_ptr ctx_dft;
     common_speculative * spec = nullptr;   // upstream drafters (and n-gram lookups); not the shim's draft model
+    bool spec_reusable = false;            // spec may serve the next generation (no step failed in this one)
     common_batch batch;                    // prompt chunks and verify batches of the target, reused every step
     common_batch batch_dft;                // the draft model's batches
 

@@ -98,6 +98,7 @@ extern "C" int32_t pls_step_seqs(pls_session * s, pls_seq_event * events, int32_
                     events[(*n_events)++] = e;
                 }
             }
+            s->spec_reusable = false;
             reset_generation(*s);
             s->continuous = true;
             throw;

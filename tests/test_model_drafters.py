@@ -245,3 +245,29 @@ def test_drafters_reading_the_target_process_at_their_next_draft_what_plain_step
                 if committed_since is not None:
                     committed_since += accepted + 1
             assert checked >= 2
+
+
+def test_drafters_reading_the_target_serve_one_generation_after_another_as_if_new(dflash_setup, mtp_target):
+    # such a drafter is kept from one generation to the next (creating it re-plans the target's graphs); each
+    # prompt starts it afresh: a second prompt drafts as in a new session, and the first prompt again as the first time
+    kind, target, d1, d2, ref = dflash_setup
+    other = [4, 4, 6, 1, 3, 9, 9, 2]
+    # a fixed length (a schedule's place would carry over from one generation to the next); the last steps of each
+    # generation, capped by n_predict, are plain ones that leave kept rows behind for the next prompt to drop
+    cfg = dict(adaptive=False, n_max=5, n_ctx=512)
+
+    def drafted(r):
+        return r.tokens, r.stats.n_drafted, r.stats.n_accepted, r.stats.n_steps
+
+    with Model(mtp_target) as mtp:
+        for tgt, dft, c in [(target, d1, SessionConfig(**cfg)), (target, d2, SessionConfig(**cfg)),
+                            (mtp, None, SessionConfig(spec_types="draft-mtp", **cfg))]:
+            with SpecSession(tgt, dft, c) as s:
+                first = drafted(s.generate(PROMPT, N_PREDICT))
+                second = drafted(s.generate(other, N_PREDICT))
+                again = drafted(s.generate(PROMPT, N_PREDICT))
+            with SpecSession(tgt, dft, c) as fresh:
+                alone = drafted(fresh.generate(other, N_PREDICT))
+            assert first[1] > 0
+            assert again == first
+            assert second == alone

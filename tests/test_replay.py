@@ -16,16 +16,17 @@ TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
 
 # trace: (adaptive ceiling, fixed lengths, {acceptance: least adaptive / best of plain and the fixed lengths})
 CASES = {
-    "h200-27b-dflash2-d0.json": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.95, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
-    "h200-7b-draft-d0.json": (8, (2, 4, 8), {0.0: 0.97, 0.3: 0.96, 0.6: 0.96, 0.8: 0.95, 0.9: 0.96}),
-    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.94, 0.3: 0.91, 0.6: 0.86, 0.8: 0.88, 0.9: 0.90}),
+    "h200-27b-dflash2-d0.json": (7, (3, 5, 7), {0.0: 0.98, 0.3: 0.97, 0.6: 0.94, 0.8: 0.93, 0.9: 0.97}),
+    "h200-27b-dflash2-d4096.json": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.91, 0.8: 0.95, 0.9: 0.97}),
+    "h200-7b-draft-d0.json": (8, (2, 4, 8), {0.0: 0.97, 0.3: 0.96, 0.6: 0.95, 0.8: 0.94, 0.9: 0.97}),
+    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.98, 0.3: 0.98, 0.6: 0.89, 0.8: 0.95, 0.9: 0.89}),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
     arms = trace.load(TRACES / request.param)
-    return request.param, arms, replay.CostModel.from_arms(arms, depth=0)
+    return request.param, arms, replay.CostModel.from_arms(arms, depth=arms[0]["setup"]["depth"])
 
 
 def test_the_replay_prices_fixed_lengths_as_the_gpu_measured_them(case):

@@ -71,9 +71,12 @@ grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
         --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" "$@"
 }
 phase_g27() { phase_synth27 && grid h200-27b-d0 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
-phase_g27deep() {
-    phase_synth27 && grid h200-27b-d4096 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n7,adaptive7}" 4096 "${LEVELS:-0,0.8}" --ubatch 2048 \
-        && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n7,adaptive7}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+phase_g27deep() {  # ARMS_4K / ARMS_16K narrow one depth (a 16k prompt is processed once per generation)
+    phase_synth27 && grid h200-27b-d4096 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_4K:-${ARMS:-plain,n3,n7,adaptive7}}" 4096 "${LEVELS:-0,0.8}" --ubatch 2048 \
+        && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_16K:-${ARMS:-plain,n3,n7,adaptive7}}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+}
+phase_g27d16k() {  # depth 16384 alone (its prompts take most of a call)
+    phase_synth27 && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n7,adaptive7}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
 }
 phase_g35() {
     phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
