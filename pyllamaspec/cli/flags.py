@@ -185,10 +185,10 @@ def add_output_shape_flags(g) -> None:
     """A grammar or JSON schema the output follows, the repetition penalties and logit biases (llama.cpp's names)."""
     g.add_argument("--grammar", default=None, metavar="GRAMMAR",
                    help="GBNF grammar the output follows (rule 'root') (default: none)")
-    g.add_argument("--grammar-file", default=None, metavar="FILE", help="read the GBNF grammar from FILE")
+    g.add_argument("--grammar-file", default=None, metavar="FILE", help="read the GBNF grammar from FILE (default: none)")
     g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
                    help="JSON schema the output follows, e.g. '{}' for any JSON object (default: none)")
-    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="read the JSON schema from FILE")
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="read the JSON schema from FILE (default: none)")
     g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float, default=None, metavar="N",
                    help=f"penalize repeated tokens; 1: off (default: {_shown(SessionConfig, 'repeat_penalty')})")
     g.add_argument("--repeat-last-n", dest="repeat_last_n", type=int, default=None, metavar="N",
@@ -200,7 +200,7 @@ def add_output_shape_flags(g) -> None:
                    help=f"frequency penalty; 0: off (default: {_shown(SessionConfig, 'frequency_penalty')})")
     g.add_argument("-l", "--logit-bias", dest="logit_bias", action="append", default=None,
                    metavar="TOKEN_ID(+/-)BIAS",
-                   help="add BIAS to a token's logit, e.g. '15043+1' or '15043-inf' to ban it (repeatable)")
+                   help="add BIAS to a token's logit, e.g. '15043+1' or '15043-inf' to ban it (repeatable) (default: none)")
 
 
 _MAX_GRAMMAR_BYTES = 16 << 20
