@@ -155,7 +155,8 @@ bool prefix_reusable(const pls_session & s) {
 
 // A sequence takes a slot: its memory cleared - but for the longest prefix of its prompt that the slot's last
 // sequence left in the target's memory, when it joins a running batch - its own sampler, its prompt queued.
-void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p) {
+void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p,
+                  const sampling_spec * spec) {
     const llama_seq_id seq = st.seq;
     int32_t keep = 0;
     {
@@ -211,9 +212,18 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     } else if (seq > 0 && sampling.seed != LLAMA_DEFAULT_SEED) {
         sampling.seed += (uint32_t) seq;  // streams of one seeded run sample differently, reproducibly
     }
-    st.greedy = s.greedy && sampling.temp <= 0.0f;
+    const sampling_spec & shape = spec != nullptr ? *spec : s.sampling_begin;
+    apply_sampling(shape, (int32_t) llama_n_ctx_seq(s.ctx_tgt.get()), sampling);
+    st.n_probs = shape.n_probs;
+    st.greedy = s.greedy && sampling.temp <= 0.0f && !shape.shapes_choice();
     st.synth_key = s.synth_probs.empty() ? 0 : synth_key_of(s.sp.synth_seed, seq, prompt, n_prompt);
     st.smpl.reset(common_sampler_init(s.target->model, sampling));
+    if (shape.penalties()) {
+        // the penalties look back on the prompt too, as llama-server's do (the grammar only on generated text)
+        for (int32_t i = 0; i < n_prompt; ++i) {
+            common_sampler_accept(st.smpl.get(), prompt[i], false);
+        }
+    }
     st.prompt_tgt.reserve(llama_n_ctx_seq(s.ctx_tgt.get()));
     st.stats.n_prompt = n_prompt;
     s.stats.n_prompt += n_prompt;
@@ -619,6 +629,12 @@ void commit_tokens(pls_session & s, stream_state & st, const llama_tokens & ids,
             break;
         }
         out_tokens.push_back(st.id_last);
+        if (st.n_probs >= 0) {
+            auto & lp = s.logprobs_step[st.seq];
+            lp.emplace_back();
+            token_logprob(llama_get_logits_ith(s.ctx_tgt.get(), st.i_batch + (int32_t) i), s.n_vocab, st.id_last, st.n_probs,
+                          lp.back());
+        }
         if (s.sp.collect_margins) {
             out_margins.push_back(top2_margin(llama_get_logits_ith(s.ctx_tgt.get(), st.i_batch + (int32_t) i), s.n_vocab));
         }
@@ -925,6 +941,10 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         out_tokens[k].clear();
         out_margins[k].clear();
     }
+    s.logprobs_step.resize(s.streams.size());
+    for (auto & lp : s.logprobs_step) {
+        lp.clear();
+    }
     if (s.reset_requested.exchange(false)) {
         reset_stats_now(s);
     }
@@ -994,7 +1014,7 @@ int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
         cancels.swap(s.cancels);
     }
     for (auto & a : adds) {
-        start_stream(s, s.streams[a.slot], a.prompt.data(), (int32_t) a.prompt.size(), &a.params);
+        start_stream(s, s.streams[a.slot], a.prompt.data(), (int32_t) a.prompt.size(), &a.params, &a.sampling);
     }
     for (int32_t slot : cancels) {
         stream_state & st = s.streams[slot];

@@ -8,7 +8,9 @@ namespace pls {
 void decode_or_throw(llama_context * ctx, common_batch & batch, const char * what);
 void reset_generation(pls_session & s);
 void check_prompt(const pls_session & s, const int32_t * prompt, int32_t n_prompt, const std::string & who);
-void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p);
+// p and spec NULL: a stream of a begin (the session's sampling)
+void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p,
+                  const sampling_spec * spec = nullptr);
 // one step of the running batch (continuous mode): apply queued adds and cancels, then step; events per sequence
 int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events);
 void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, int32_t n_streams, int32_t n_predict);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "adaptive.h"
+#include "sampling_ext.h"
 #include "session_plan.h"
 
 #include "common.h"
@@ -76,6 +77,7 @@ struct stream_state {
     int32_t n_accepted_step = 0;
     int32_t finish = PLS_FINISH_NONE;
     bool greedy = false;       // verify by argmax (temperature 0, nothing else in the sampler chain)
+    int32_t n_probs = -1;      // log-probabilities of committed tokens: -1 none, else with this many alternatives
     uint64_t synth_key = 0;    // synthetic acceptance: the seed and this prompt (a drafted token's draw is by position)
     common_sampler_ptr smpl;
     draft_stream dft;
@@ -140,6 +142,7 @@ struct pls_session {
         int32_t slot;
         llama_tokens prompt;
         pls_seq_params params;
+        pls::sampling_spec sampling;
     };
     std::mutex ops_mu;
     std::vector<pending_add> adds;
@@ -148,6 +151,11 @@ struct pls_session {
     // per free slot: the tokens whose target KV its last sequence left (positions 0..), so that a later prompt
     // starting with them is not processed again; under ops_mu
     std::vector<llama_tokens> slot_kv;
+
+    // the sampling of the sequences a begin starts (pls_session_set_sampling), and the log-probabilities of the
+    // tokens each stream committed in the last step (for streams that asked for them)
+    pls::sampling_spec sampling_begin;
+    std::vector<std::vector<pls_token_logprob>> logprobs_step;
 
     // one call at a time; stats published under their own lock so any thread may read them
     std::mutex mu;

@@ -10,6 +10,12 @@ using namespace pls;
 
 extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * params,
                                int32_t * slot, char * err, size_t err_size) {
+    return pls_seq_add_sampling(s, prompt, n_prompt, params, nullptr, slot, err, err_size);
+}
+
+extern "C" int32_t pls_seq_add_sampling(pls_session * s, const int32_t * prompt, int32_t n_prompt,
+                                        const pls_seq_params * params, const pls_sampling_params * sampling,
+                                        int32_t * slot, char * err, size_t err_size) {
     return session_entry(s, err, err_size, [&]() -> int32_t {
         if (slot == nullptr || params == nullptr) {
             fail(PLS_ERR_INVALID, "sequence parameters and a place for the slot are required");
@@ -22,6 +28,7 @@ extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t 
             fail(PLS_ERR_INVALID, "sequence parameters out of range: temp, top_p, min_p must be finite (top_p, min_p "
                                   "within 0..1), top_k >= 0, n_max and n_min at most " + std::to_string(PLS_MAX_DRAFT));
         }
+        sampling_spec spec = read_sampling(s->target->model, sampling);  // outside the lock: a grammar is parsed
         std::lock_guard<std::mutex> lock(s->ops_mu);
         if (!s->continuous) {
             // the first sequence of continuous batching: no begin-style generation may hold the slots
@@ -40,7 +47,7 @@ extern "C" int32_t pls_seq_add(pls_session * s, const int32_t * prompt, int32_t 
                                "finish or open the session with a larger n_parallel");
         }
         s->reserved[free_slot] = 1;
-        s->adds.push_back({ free_slot, llama_tokens(prompt, prompt + n_prompt), *params });
+        s->adds.push_back({ free_slot, llama_tokens(prompt, prompt + n_prompt), *params, std::move(spec) });
         *slot = free_slot;
         return PLS_OK;
     });

@@ -7,12 +7,14 @@ depends on the loaded models (pairing, placement, ring size) and reports it the 
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from ._native.header import MAX_DRAFT, MAX_SCHEDULE, MAX_SPEC_TYPES, MAX_STREAMS, MAX_TRACE, SPEC_TYPE_IDS, SPEC_TYPES
+from ._native.header import (MAX_DRAFT, MAX_SCHEDULE, MAX_SPEC_TYPES, MAX_STREAMS, MAX_TOP_LOGPROBS, MAX_TRACE,
+                             SPEC_TYPE_IDS, SPEC_TYPES)
 from .errors import ConfigError, ConfigTypeError, ParamError
 
 # SPEC_TYPES: llama.cpp's names, in the order of upstream's enum common_speculative_type (from the header)
@@ -177,7 +179,16 @@ SEQUENCE_LIMITS: dict[str, tuple[bool, float | None, float | None, str]] = {
     "n_max": (True, 0, MAX_DRAFT, ""),
     "n_min": (True, 0, MAX_DRAFT, ""),
     "p_min": (False, 0.0, 1.0, ""),
+    # sampling beyond temperature and truncation (llama.cpp's names; OpenAI's frequency/presence penalties)
+    "repeat_penalty": (False, 0.0, None, " (1: off)"),
+    "repeat_last_n": (True, -1, INT32_MAX, " (-1: the context, 0: none)"),
+    "frequency_penalty": (False, None, None, ""),
+    "presence_penalty": (False, None, None, ""),
+    "n_probs": (True, 0, MAX_TOP_LOGPROBS, ""),
 }
+# settings that are not numbers: a grammar (GBNF text), a JSON schema (converted to a grammar by upstream's
+# converter when the sequence starts) and logit biases ({token id: bias}; -inf bans a token)
+SAMPLING_SHAPES = ("grammar", "json_schema", "logit_bias")
 
 
 def check_sequence_value(name: str, value: Any, owner: str = "") -> None:
@@ -192,10 +203,58 @@ def check_sequence_value(name: str, value: Any, owner: str = "") -> None:
             if abs(float(value)) > FLOAT32_MAX:  # the native side holds a 32-bit float: 1e308 would be inf there
                 raise ConfigError(f"{_field(owner, name)}={value!r} is out of range (at most {FLOAT32_MAX:.4g} in "
                                   f"magnitude)")
+        if name == "repeat_penalty" and value <= 0:
+            raise ConfigError(f"{_field(owner, name)}={value} must be > 0 (1: off)")
     except ConfigTypeError:
         raise
     except ConfigError as e:
         raise ParamError(name, str(e)) from None
+
+
+def check_sampling_shape(name: str, value: Any, owner: str = "") -> Any:
+    """The one check of a grammar, a JSON schema or logit biases (None: not given); returns the value as it is
+    kept: a grammar as str, a JSON schema as JSON text, logit biases as a tuple of (token id, bias) pairs.
+    ParamError names the field."""
+    if value is None:
+        return None
+    where = _field(owner, name)
+    if name == "grammar":
+        if not isinstance(value, str):
+            raise ParamError(name, f"{where} must be GBNF text (a str), not {type(value).__name__}")
+        if "\0" in value:
+            raise ParamError(name, f"{where} holds a NUL character")
+        return value
+    if name == "json_schema":
+        if isinstance(value, str):
+            try:
+                json.loads(value)
+            except ValueError as e:
+                raise ParamError(name, f"{where} is not valid JSON: {e}") from None
+            return value
+        if not isinstance(value, (dict, bool)):
+            raise ParamError(name, f"{where} must be a JSON schema (a dict, or its JSON text), not "
+                                   f"{type(value).__name__}")
+        try:
+            return json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ParamError(name, f"{where} cannot be written as JSON: {e}") from None
+    # logit_bias: {token: bias} or [(token, bias), ...]
+    items = value.items() if isinstance(value, Mapping) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, (Sequence, type({}.items()))):
+        raise ParamError(name, f"{where} must map token ids to biases ({{token: bias}} or [[token, bias], ...])")
+    out: dict[int, float] = {}
+    for item in items:
+        try:
+            token, bias = item
+        except (TypeError, ValueError):
+            raise ParamError(name, f"{where}: {item!r} is not a (token id, bias) pair") from None
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token <= INT32_MAX:
+            raise ParamError(name, f"{where}: token {token!r} must be a token id (an int >= 0)")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or math.isnan(bias) or bias == math.inf \
+                or (math.isfinite(bias) and abs(bias) > FLOAT32_MAX):
+            raise ParamError(name, f"{where}: the bias of token {token} must be a finite number, or -inf to ban it")
+        out[int(token)] = float(bias)
+    return tuple(sorted(out.items())) or None
 
 
 @dataclass(frozen=True)
@@ -213,15 +272,30 @@ class SequenceParams:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    # a grammar or a JSON schema (not both; given, they replace the session's), penalties, logit biases
+    grammar: str | None = None
+    json_schema: Any = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: Any = None
+    # the log-probability of every generated token and of this many alternatives (None: no log-probabilities)
+    n_probs: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in SAMPLING_SHAPES:
+                object.__setattr__(self, f.name, check_sampling_shape(f.name, value))
+                continue
             if value is None and f.name != "n_predict":
                 continue
             check_sequence_value(f.name, value)
             integer = SEQUENCE_LIMITS[f.name][0]
             object.__setattr__(self, f.name, int(value) if integer else float(value))
+        if self.grammar is not None and self.json_schema is not None:
+            raise ParamError("grammar", "give a grammar or a JSON schema, not both")
 
     def given(self) -> dict[str, Any]:
         """The settings given (not None), n_predict included."""
@@ -255,6 +329,14 @@ class SessionConfig:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int = 0xFFFFFFFF          # LLAMA_DEFAULT_SEED: random
+    # the output follows a grammar (GBNF, llama.cpp's --grammar) or a JSON schema (--json-schema), not both
+    grammar: str | None = None
+    json_schema: Any = None
+    repeat_penalty: float = 1.0     # --repeat-penalty (1: off)
+    repeat_last_n: int = 64         # --repeat-last-n: tokens the penalties look back on (-1: the context)
+    frequency_penalty: float = 0.0  # --frequency-penalty
+    presence_penalty: float = 0.0   # --presence-penalty
+    logit_bias: Any = None          # {token id: bias}; -inf bans a token (llama.cpp's --logit-bias)
     ngram_size_n: int = 0
     ngram_size_m: int = 0
     ngram_min_hits: int = 0
@@ -307,6 +389,12 @@ class SessionConfig:
         check_sequence_value("top_p", self.top_p, owner)
         check_sequence_value("min_p", self.min_p, owner)
         check_sequence_value("seed", self.seed, owner)
+        for name in ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty"):
+            check_sequence_value(name, getattr(self, name), owner)
+        for name in SAMPLING_SHAPES:
+            setattr(self, name, check_sampling_shape(name, getattr(self, name), owner))
+        if self.grammar is not None and self.json_schema is not None:
+            raise ParamError("grammar", "give a grammar or a JSON schema, not both")
         # the n-gram sizes and hit count are 16-bit in upstream's settings
         for name in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"):
             _check_int(owner, name, getattr(self, name), 0, UINT16_MAX, hint=" (0: upstream's default)")

@@ -19,8 +19,9 @@ from typing import Callable, Iterator, Sequence
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
 from .config import INT32_MAX, MAX_DRAFT, SPEC_TYPES, SequenceParams, SessionConfig
-from .errors import ConfigError, ConfigTypeError, GenerationError, SessionBusyError
+from .errors import ConfigError, ConfigTypeError, GenerationError, ParamError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
+from .grammar import SamplingShape
 from .model import Model, token_bytes, token_ids, tokenize
 from .native_params import native_seq_params, native_session_params
 
@@ -120,6 +121,15 @@ class Stats:
         return cls(**values)
 
 
+def _sampling_param(message: str, params: SequenceParams) -> str | None:
+    """The SequenceParams field a native refusal of a sequence's sampling names (its message starts with it)."""
+    for name in ("grammar", "logit_bias", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
+                 "n_probs"):
+        if message.startswith(name):
+            return "json_schema" if name == "grammar" and params.json_schema is not None else name
+    return None
+
+
 # Stats' names of the pls_stats fields whose names differ (the per-position arrays share one length)
 _STATS_FIELD = {"accepted_per_pos": "accepted_per_position", "drafted_per_pos": "drafted_per_position",
                 "k_hist": "k_histogram"}
@@ -165,6 +175,17 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target's distribution at its position (the softmax of its
+    raw logits, before any sampler: what a grammar or a bias changes is the choice, not this), and the most likely
+    tokens there, most likely first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token, logprob)
+
+
+@dataclass(frozen=True)
 class SequenceEvent:
     """What one step did for one sequence of a running batch (SpecSession.step_sequences)."""
 
@@ -174,6 +195,7 @@ class SequenceEvent:
     n_drafted: int
     n_accepted: int
     n_prompt: int                 # prompt tokens processed in this step
+    logprobs: list[TokenLogprob] | None = None  # one per token, for a sequence submitted with n_probs
 
 
 @dataclass(frozen=True)
@@ -244,6 +266,16 @@ class SpecSession:
         self._state = threading.Lock()   # guards _busy and stop requests against claim/release
         self._busy = False
         self.info = self._read_info()
+        self._logprob_slots: set[int] = set()  # slots whose sequence asked for log-probabilities
+        shape = SamplingShape.of(config)
+        if shape != SamplingShape():
+            # the sampling of what begin-style generation starts (generate, stream, the batch forms)
+            keep = shape.native(ffi)
+            with self._handle.use() as h:
+                rc = self._lib.pls_session_set_sampling(h, keep[0], err.buf, err.SIZE)
+            if rc != 0:
+                self.close()
+                _native.check(rc, err, ConfigError)
         self._cost_file = None
         if config.cost_cache and self.info.adaptive and self.info.drafter_kind != "none":
             self._open_cost_cache()
@@ -636,13 +668,14 @@ class SpecSession:
     def submit(self, prompt: str | Sequence[int], n_predict: int = 128, *, temp: float | None = None,
                top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                seed: int | None = None, n_max: int | None = None, n_min: int | None = None,
-               p_min: float | None = None) -> int:
+               p_min: float | None = None, **sampling) -> int:
         """Queue a sequence to join the running batch (any thread); returns its slot. Its prompt is processed in
         chunks alongside the other sequences at the next step_sequences() calls. Settings left None are the
-        session's; n_max may only lower the session's draft ceiling. The settings are checked as SequenceParams
+        session's; n_max may only lower the session's draft ceiling; `sampling` takes SequenceParams' other
+        fields (grammar, json_schema, penalties, logit_bias, n_probs). The settings are checked as SequenceParams
         checks them (ConfigTypeError for a wrong type, ConfigError for a value out of range)."""
         params = SequenceParams(n_predict=n_predict, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                n_max=n_max, n_min=n_min, p_min=p_min)
+                                n_max=n_max, n_min=n_min, p_min=p_min, **sampling)
         return self.submit_params(prompt, params)
 
     def submit_params(self, prompt: str | Sequence[int], params: SequenceParams) -> int:
@@ -652,11 +685,21 @@ class SpecSession:
         tokens = self._prompt_tokens(prompt)
         ffi = self._ffi
         p = native_seq_params(ffi, params, self.config)
+        shape = SamplingShape.of(self.config, params)
+        keep = shape.native(ffi)
         slot = ffi.new("int32_t *")
         err = _native.ErrorBuffer(ffi)
         with self._handle.use() as h:
-            rc = self._lib.pls_seq_add(h, ffi.new("int32_t[]", tokens), len(tokens), p, slot, err.buf, err.SIZE)
+            rc = self._lib.pls_seq_add_sampling(h, ffi.new("int32_t[]", tokens), len(tokens), p, keep[0], slot,
+                                                err.buf, err.SIZE)
+        param = _sampling_param(err.text, params) if rc != 0 else None
+        if param is not None:
+            raise ParamError(param, err.text)
         self._raise_native(rc, err)
+        if shape.n_probs >= 0:
+            self._logprob_slots.add(slot[0])
+        else:
+            self._logprob_slots.discard(slot[0])
         return slot[0]
 
     def cancel(self, slot: int) -> bool:
@@ -682,11 +725,24 @@ class SpecSession:
         with self._handle.use() as h:
             left = self._lib.pls_step_seqs(h, events, n_par, n_events, err.buf, err.SIZE)
             out = [SequenceEvent(slot=e.slot, tokens=list(e.tokens[0:e.n_tokens]), finish_reason=FINISH_REASONS[e.finish],
-                                 n_drafted=e.n_drafted, n_accepted=e.n_accepted, n_prompt=e.n_prompt)
+                                 n_drafted=e.n_drafted, n_accepted=e.n_accepted, n_prompt=e.n_prompt,
+                                 logprobs=self._step_logprobs(h, e.slot, e.n_tokens)
+                                 if e.slot in self._logprob_slots else None)
                    for e in (events[i] for i in range(n_events[0]))]
         if left < 0:
             raise _native.error_for(left, err.text, GenerationError)
         return out, left
+
+    def _step_logprobs(self, h, slot: int, n_tokens: int) -> list[TokenLogprob]:
+        """The log-probabilities of the tokens a slot committed in the last step (the session held by the caller)."""
+        if n_tokens == 0:
+            return []
+        buf = self._ffi.new("pls_token_logprob[]", n_tokens)
+        n = self._lib.pls_step_logprobs(h, slot, buf, n_tokens)
+        if n < 0:
+            raise _native.error_for(n, "the log-probabilities of the step cannot be read", GenerationError)
+        return [TokenLogprob(r.token, r.logprob, [(r.top_token[k], r.top_logprob[k]) for k in range(r.n_top)])
+                for r in buf[0:min(n, n_tokens)]]
 
     # -- several streams ---------------------------------------------------------------------
 

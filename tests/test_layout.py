@@ -23,7 +23,7 @@ CORE_MODULES = [
     "pyllamaspec.config", "pyllamaspec.model", "pyllamaspec.session", "pyllamaspec.memory", "pyllamaspec.errors",
     "pyllamaspec.buildinfo", "pyllamaspec.atomicfile", "pyllamaspec.ggufinfo", "pyllamaspec.ggufinfo.reader",
     "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing", "pyllamaspec.textfiles", "pyllamaspec.templateguard",
-    "pyllamaspec.native_params", "pyllamaspec.costcache", "pyllamaspec.paths", "pyllamaspec.progress",
+    "pyllamaspec.native_params", "pyllamaspec.grammar", "pyllamaspec.costcache", "pyllamaspec.paths", "pyllamaspec.progress",
     "pyllamaspec.controller",
 ]
 UPPER_LAYERS = ("pyllamaspec.tools", "pyllamaspec.server", "pyllamaspec.cli", "pyllamaspec.bench")
@@ -109,7 +109,7 @@ CORE_RANKS = {
     "errors": 0, "paths": 0, "progress": 0,
     "_native": 1, "atomicfile": 1, "textfiles": 1, "templateguard": 1,
     "config": 2,
-    "ggufinfo": 3,
+    "ggufinfo": 3, "grammar": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
     "model": 5, "memory": 5,
     "session": 6,
@@ -229,6 +229,7 @@ NATIVE_UNITS = [
     "shim_common",                                    # errors, logging, devices, model handles
     "info", "model", "quantize", "synth",             # C API of build info, models, the quantizer, synthetic models
     "adaptive",                                       # the draft-length controller (no llama.cpp state)
+    "sampling_ext",                                   # grammars, penalties, biases, log-probabilities
     "session_plan",                                   # a session's parameters and contexts, before any model
     "memory",                                         # the memory estimate
     "session",                                        # a session's state
@@ -237,6 +238,7 @@ NATIVE_UNITS = [
     "api_guard",                                      # what the C API files share
     "session_api", "session_seqs", "controller_api",  # the C API of sessions, sequences, the controller
     "trace",                                          # the C API of a session's per-step trace
+    "sampling_api",                                   # the C API of grammars, a begin's sampling, log-probabilities
 ]
 
 

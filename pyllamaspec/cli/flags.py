@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Any
 
 from ..config import DEFAULT_N_MAX, KV_CACHE_TYPES, SPLIT_MODES, ModelConfig, SessionConfig
+from ..errors import ConfigError
 
 _FLASH_ATTN = {"on": True, "off": False, "auto": None}
 _ON_OFF = {"on": True, "off": False}
@@ -175,6 +177,64 @@ def add_sampling_flags(parser: argparse.ArgumentParser, *, seed_only: bool = Fal
     g.add_argument("-s", "--seed", dest="seed", type=int, default=None, metavar="N",
                    help=f"sampling seed; {_default(SessionConfig, 'seed')} picks one at random "
                         f"(default: {_shown(SessionConfig, 'seed')})")
+    if not seed_only:
+        add_output_shape_flags(g)
+
+
+def add_output_shape_flags(g) -> None:
+    """A grammar or JSON schema the output follows, the repetition penalties and logit biases (llama.cpp's names)."""
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="GBNF grammar the output follows (rule 'root') (default: none)")
+    g.add_argument("--grammar-file", default=None, metavar="FILE", help="read the GBNF grammar from FILE (default: none)")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="JSON schema the output follows, e.g. '{}' for any JSON object (default: none)")
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="read the JSON schema from FILE (default: none)")
+    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float, default=None, metavar="N",
+                   help=f"penalize repeated tokens; 1: off (default: {_shown(SessionConfig, 'repeat_penalty')})")
+    g.add_argument("--repeat-last-n", dest="repeat_last_n", type=int, default=None, metavar="N",
+                   help=f"tokens the penalties look back on; -1: the context "
+                        f"(default: {_shown(SessionConfig, 'repeat_last_n')})")
+    g.add_argument("--presence-penalty", dest="presence_penalty", type=float, default=None, metavar="N",
+                   help=f"presence penalty; 0: off (default: {_shown(SessionConfig, 'presence_penalty')})")
+    g.add_argument("--frequency-penalty", dest="frequency_penalty", type=float, default=None, metavar="N",
+                   help=f"frequency penalty; 0: off (default: {_shown(SessionConfig, 'frequency_penalty')})")
+    g.add_argument("-l", "--logit-bias", dest="logit_bias", action="append", default=None,
+                   metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, e.g. '15043+1' or '15043-inf' to ban it (repeatable) (default: none)")
+
+
+_MAX_GRAMMAR_BYTES = 16 << 20
+
+
+def output_shape_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """SessionConfig's grammar / json_schema, penalties and logit biases from the flags that were given."""
+    from ..textfiles import read_text_file
+
+    settings = _given(args, {name: name for name in ("repeat_penalty", "repeat_last_n", "presence_penalty",
+                                                      "frequency_penalty")})
+    pairs = (("grammar", "--grammar"), ("grammar_file", "--grammar-file"), ("json_schema", "--json-schema"),
+             ("json_schema_file", "--json-schema-file"))
+    given = [flag for name, flag in pairs if getattr(args, name, None) is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give one of {', '.join(given)}: each sets the output's format")
+    if getattr(args, "grammar", None) is not None:
+        settings["grammar"] = args.grammar
+    if getattr(args, "grammar_file", None) is not None:
+        settings["grammar"] = read_text_file(args.grammar_file, "grammar file", _MAX_GRAMMAR_BYTES, "give --grammar-file")
+    if getattr(args, "json_schema", None) is not None:
+        settings["json_schema"] = args.json_schema
+    if getattr(args, "json_schema_file", None) is not None:
+        settings["json_schema"] = read_text_file(args.json_schema_file, "JSON schema file", _MAX_GRAMMAR_BYTES,
+                                                 "give --json-schema-file")
+    if getattr(args, "logit_bias", None):
+        bias = {}
+        for item in args.logit_bias:
+            m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*", item)
+            if m is None:
+                raise ConfigError(f"--logit-bias {item!r}: give TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043-inf)")
+            bias[int(m.group(1))] = float(m.group(2) + m.group(3))
+        settings["logit_bias"] = bias
+    return settings
 
 
 _CONTEXT_FLAGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "n_threads_draft", "cache_type_k",
@@ -205,7 +265,7 @@ def speculative_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return _given(args, {name: name for name in _SAMPLING_FLAGS})
+    return {**_given(args, {name: name for name in _SAMPLING_FLAGS}), **output_shape_settings(args)}
 
 
 def session_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -572,6 +572,65 @@ int32_t pls_synth_write(const char * meta_path, const pls_synth_tensor * tensors
                         const pls_synth_params * params, const char * path_out, pls_synth_progress_cb progress,
                         void * user_data, char * err, size_t err_size);
 
+/* ---- sampling beyond temperature and truncation ------------------------------------------ */
+
+/* A sequence's grammar, repetition penalties, logit biases and log-probabilities. They go through upstream's
+ * common_sampler in the verify: a drafted token that the grammar (or a ban) forbids is rejected there, so the
+ * output is non-speculative decoding's. A session's greedy fast path (argmax) steps aside for a sequence that
+ * sets any of them. */
+enum {
+    PLS_MAX_TOP_LOGPROBS = 20
+};
+
+typedef struct pls_logit_bias {
+    int32_t token;
+    float   bias;                   /* added to the token's logit; -INFINITY bans it */
+} pls_logit_bias;
+
+typedef struct pls_sampling_params {
+    const char * grammar;           /* GBNF (llama.cpp's grammar format, rule "root"); NULL or "": none */
+    float    penalty_repeat;        /* 1: off (llama.cpp's --repeat-penalty) */
+    float    penalty_freq;          /* 0: off (OpenAI's frequency_penalty) */
+    float    penalty_present;       /* 0: off (OpenAI's presence_penalty) */
+    int32_t  penalty_last_n;        /* tokens the penalties look back on, the prompt's included; -1: the context */
+    const pls_logit_bias * logit_bias;
+    int32_t  n_logit_bias;
+    int32_t  n_probs;               /* -1: no log-probabilities; 0..PLS_MAX_TOP_LOGPROBS: each committed token's
+                                     * log-probability and this many of the most likely alternatives */
+} pls_sampling_params;
+
+/* A committed token's log-probability under the target's distribution at its position (log-softmax of the raw
+ * logits, before any sampler), and the n_top most likely tokens there, most likely first. */
+typedef struct pls_token_logprob {
+    int32_t token;
+    float   logprob;
+    int32_t n_top;
+    int32_t top_token[20];          /* PLS_MAX_TOP_LOGPROBS */
+    float   top_logprob[20];
+} pls_token_logprob;
+
+/* A grammar's GBNF from a JSON schema, through upstream's converter (llama.cpp's --json-schema). Returns PLS_OK
+ * with the grammar's length in *n_out: the grammar and a NUL are in buf when *n_out < buf_size, else buf is
+ * untouched and the call can be repeated with *n_out + 1 bytes. PLS_ERR_INVALID when the text is not JSON or the
+ * converter refuses the schema (err says why). */
+int32_t pls_json_schema_to_grammar(const char * schema, char * buf, int32_t buf_size, int32_t * n_out,
+                                   char * err, size_t err_size);
+/* PLS_OK when the grammar parses and has a "root" rule for this model's vocabulary; PLS_ERR_INVALID naming the
+ * problem otherwise. */
+int32_t pls_grammar_check(const pls_model * model, const char * grammar, char * err, size_t err_size);
+/* The sampling of the sequences a begin (pls_generate, pls_begin, pls_begin_streams) starts; NULL: none. Holds
+ * the session like any call. */
+int32_t pls_session_set_sampling(pls_session * session, const pls_sampling_params * sampling, char * err,
+                                 size_t err_size);
+/* pls_seq_add with a sampling (NULL: none); PLS_ERR_INVALID names a setting that cannot be honoured. */
+int32_t pls_seq_add_sampling(pls_session * session, const int32_t * prompt, int32_t n_prompt,
+                             const pls_seq_params * params, const pls_sampling_params * sampling, int32_t * slot,
+                             char * err, size_t err_size);
+/* The log-probabilities of the tokens a stream (a slot, or a stream of the last begin) committed in the last step,
+ * in the order of its tokens, for a sequence whose n_probs >= 0; returns how many there are (at most capacity
+ * are written), or a negative pls_status. Read after the step and before the next. */
+int32_t pls_step_logprobs(pls_session * session, int32_t stream, pls_token_logprob * out, int32_t capacity);
+
 /* PLS_CDEF_END */
 
 #pragma GCC visibility pop

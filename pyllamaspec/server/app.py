@@ -219,11 +219,25 @@ def _sequence_params(req) -> SequenceParams:
     n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
     seed = UINT32_MAX if req.seed == -1 else req.seed
     try:
+        sampling = req.sampling_settings()
+        n_probs = req.n_probs()
+    except ValueError as e:
+        param, message = e.args
+        raise APIError(400, message, param=param) from None
+    try:
         return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              min_p=req.min_p, seed=seed, **req.draft_settings())
+                              min_p=req.min_p, seed=seed, n_probs=n_probs, **sampling, **req.draft_settings())
     except ConfigError as e:
-        param = getattr(e, "param", None)
-        raise APIError(400, str(e), param=_REQUEST_FIELD.get(param, param)) from None
+        raise APIError(400, str(e), param=_request_field(req, getattr(e, "param", None))) from None
+
+
+def _request_field(req, param: str | None) -> str | None:
+    """The request's name of a SequenceParams field (a grammar's problem is the field that gave the grammar)."""
+    if param in ("grammar", "json_schema"):
+        return req.shape_source() or param
+    if param == "n_probs":
+        return "top_logprobs" if hasattr(req, "top_logprobs") else "logprobs"
+    return _REQUEST_FIELD.get(param, param)
 
 
 def _refusal_error(e: EngineBusy | EngineDraining) -> APIError:
@@ -289,7 +303,8 @@ class _Completion:
         self.state = state
         self.return_tokens = req.return_tokens
         self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
-                                       include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                                       include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                       token_bytes=state.loaded.target.token_bytes)
 
     async def stream(self, job: Job) -> AsyncIterator[bytes]:
         engine = self.state.engine
@@ -300,11 +315,12 @@ class _Completion:
             while True:
                 item = await job.queue.get()
                 if isinstance(item, Delta):
-                    if item.text or self.return_tokens:   # text held back (a stop string may begin): no chunk
-                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
+                    # text held back (a stop string may begin): no chunk, unless it carries tokens or logprobs
+                    if item.text or self.return_tokens or item.logprobs:
+                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
                 elif isinstance(item, Final):
-                    if item.text or (item.tokens and self.return_tokens):
-                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
+                    if item.text or (item.tokens and (self.return_tokens or item.logprobs)):
+                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
                     yield sse(b.chunk([b.delta_choice(None, [], item.finish_reason)], timings=item.timings))
                     if b.include_usage:
                         yield sse(b.chunk([], usage=item.usage, timings=item.timings))
@@ -317,22 +333,27 @@ class _Completion:
             engine.cancel(job)  # the client went away (or the stream ended: then a no-op)
 
     async def collect(self, job: Job) -> dict:
-        texts, tokens = [], []
+        texts, tokens, logprobs = [], [], None
         while True:
             item = await job.queue.get()
             if isinstance(item, JobFailed):
                 raise _job_error(item)
             texts.append(item.text)
             tokens.extend(item.tokens)
+            if item.logprobs is not None:
+                logprobs = (logprobs or []) + item.logprobs
             if isinstance(item, Final):
                 break
-        return self.bodies.whole("".join(texts), tokens, item.finish_reason, item.usage, item.timings)
+        if logprobs is None and job.params.n_probs is not None:
+            logprobs = []
+        return self.bodies.whole("".join(texts), tokens, item.finish_reason, item.usage, item.timings, logprobs)
 
 
 async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int]) -> Response:
     engine = state.require_ready()
     prompt_param = "messages" if kind == "chat" else "prompt"
-    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, tuple(req.stop_strings()))
+    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, tuple(req.stop_strings()),
+              field_name=lambda param: _request_field(req, param))
     try:
         engine.submit(job)
     except (EngineBusy, EngineDraining) as e:

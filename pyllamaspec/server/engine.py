@@ -66,6 +66,7 @@ STARTED = Started()
 class Delta:
     text: str
     tokens: list[int]
+    logprobs: list | None = None   # TokenLogprob per token, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Final:
     tokens: list[int]
     usage: dict
     timings: dict
+    logprobs: list | None = None
 
 
 class StopMatcher:
@@ -118,7 +120,7 @@ class Job:
     admitted; the asyncio side reads what arrives on `queue`."""
 
     def __init__(self, tokens: list[int], params: SequenceParams, loop: asyncio.AbstractEventLoop,
-                 prompt_param: str = "prompt", stop: tuple[str, ...] = ()) -> None:
+                 prompt_param: str = "prompt", stop: tuple[str, ...] = (), field_name=None) -> None:
         self.id = next(_ids)
         self.tokens = tokens
         self.params = params
@@ -139,6 +141,8 @@ class Job:
         self.prompt_counted = False
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops = StopMatcher(stop)
+        # the request's name of a sequence setting the session refuses (a grammar: the field that gave it)
+        self.field_name = field_name or (lambda param: {"temp": "temperature"}.get(param, param))
 
     def push(self, item) -> None:
         try:
@@ -151,6 +155,7 @@ class Job:
 class _Step:
     text: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    logprobs: list | None = None
 
 
 class Engine:
@@ -288,7 +293,7 @@ class Engine:
             return
         except ConfigError as e:
             param = getattr(e, "param", None)  # ParamError: the request field at fault, as the API names it
-            self._fail(job, JobFailed("invalid", str(e), {"temp": "temperature"}.get(param, param) or job.prompt_param),
+            self._fail(job, JobFailed("invalid", str(e), (job.field_name(param) if param else None) or job.prompt_param),
                        "error")
             return
         job.slot = slot
@@ -346,11 +351,13 @@ class Engine:
             self._count_prompt(job, now)
             if m is not None:
                 m.ttft.observe(now - job.t_arrival)
-        step = _Step()
+        step = _Step(logprobs=[] if e.logprobs is not None else None)
         finish = None
-        for t in e.tokens:
+        for i, t in enumerate(e.tokens):
             job.n_generated += 1
             step.tokens.append(t)
+            if step.logprobs is not None and i < len(e.logprobs):
+                step.logprobs.append(e.logprobs[i])
             text, hit = job.stops.feed(job.decoder.decode(self._piece(t)))
             step.text.append(text)
             if hit:
@@ -374,9 +381,9 @@ class Engine:
         if finish is not None:
             if e.finish_reason is None:
                 self.session.cancel(job.slot)   # a stop string ended it: free the slot at the next step
-            self._complete(job, finish, "".join(step.text), step.tokens, now)
+            self._complete(job, finish, "".join(step.text), step.tokens, now, step.logprobs)
         elif step.tokens:
-            job.push(Delta("".join(step.text), step.tokens))
+            job.push(Delta("".join(step.text), step.tokens, step.logprobs))
 
     def _count_prompt(self, job: Job, now: float) -> None:
         if job.prompt_counted:
@@ -386,7 +393,7 @@ class Engine:
             self.metrics.prompt_tokens.inc(len(job.tokens))
             self.metrics.prompt_seconds.inc(now - (job.t_admitted or now))
 
-    def _complete(self, job: Job, finish: str, text: str, tokens: list[int], now: float) -> None:
+    def _complete(self, job: Job, finish: str, text: str, tokens: list[int], now: float, logprobs=None) -> None:
         self._count_prompt(job, now)
         t_first = job.t_first if job.t_first is not None else now
         prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
@@ -414,7 +421,7 @@ class Engine:
         if self.metrics is not None:
             self.metrics.tokens_predicted_seconds.inc(predicted_ms / 1000.0)
         self._count_finished(finish)
-        job.push(Final(finish, text, tokens, usage, timings))
+        job.push(Final(finish, text, tokens, usage, timings, logprobs))
 
     def _fail(self, job: Job, err: JobFailed, reason: str) -> None:
         job.done = True

@@ -83,11 +83,14 @@ def sse(obj) -> bytes:
 class CompletionBodies:
     """The bodies of one chat or text completion, streamed (chunks) or whole."""
 
-    def __init__(self, model: str, chat: bool, *, include_usage: bool, return_tokens: bool) -> None:
+    def __init__(self, model: str, chat: bool, *, include_usage: bool, return_tokens: bool,
+                 token_bytes=None) -> None:
         self.model = model
         self.chat = chat
         self.include_usage = include_usage
         self.return_tokens = return_tokens
+        self.token_bytes = token_bytes    # token id -> its bytes (log-probabilities name tokens by text and bytes)
+        self.text_offset = 0              # where the next token's text starts in a text completion
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -100,22 +103,56 @@ class CompletionBodies:
         out.update(extra)
         return out
 
-    def delta_choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False) -> dict:
+    def delta_choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False,
+                     logprobs: list | None = None) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            c = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         else:
-            c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            c = {"index": 0, "text": text or "", "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         if self.return_tokens:
             c["tokens"] = tokens
         return c
 
-    def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict) -> dict:
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        b = self.token_bytes(token)
+        return b.decode("utf-8", "replace"), list(b)
+
+    def logprobs(self, records: list | None) -> dict | None:
+        """OpenAI's logprobs object for these tokens (pyllamaspec.session.TokenLogprob records); None: not asked.
+        Chat: content entries with token, logprob, bytes and top_logprobs; text: the legacy parallel lists."""
+        if records is None:
+            return None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            content = []
+            for r in records:
+                text, b = self._token(r.token)
+                top = []
+                for t, lp in r.top:
+                    t_text, t_b = self._token(t)
+                    top.append({"token": t_text, "logprob": lp, "bytes": t_b})
+                content.append({"token": text, "logprob": r.logprob, "bytes": b, "top_logprobs": top})
+            return {"content": content, "refusal": None}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for r in records:
+            text, _b = self._token(r.token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(r.logprob)
+            top: dict[str, float] = {}
+            for t, lp in r.top:
+                top.setdefault(self._token(t)[0], lp)
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(self.text_offset)
+            self.text_offset += len(text)
+        return out
+
+    def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict,
+              logprobs: list | None = None) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         if self.return_tokens:
             choice["tokens"] = tokens
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",

@@ -36,7 +36,101 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class GenerationRequest(_Strict):
+# -- constrained output and sampling beyond temperature (OpenAI's and llama-server's fields) --------------------
+
+class JSONSchemaFormat(_Strict):
+    """OpenAI's response_format.json_schema: the schema and its name (strict or not, the output follows it)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format; llama-server also takes a schema beside json_object."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# OpenAI: -100 bans a token, 100 makes it the only choice; llama-server: false bans it
+BiasValue = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)] | bool
+BAN = -100.0
+
+
+class SamplingFields(_Strict):
+    """A grammar or a JSON schema the output follows, the repetition penalties and the logit biases."""
+
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict | bool | None = None
+    frequency_penalty: FiniteFloat | None = None
+    presence_penalty: FiniteFloat | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    repeat_last_n: Annotated[int, Field(**_limits("repeat_last_n"))] | None = None
+    # {"token id": bias} (OpenAI) or [[token id, bias], ...] (llama-server)
+    logit_bias: dict[str, BiasValue] | list[Annotated[list[int | float | bool | str], Field(min_length=2, max_length=2)]] | None = None
+
+    def shape_source(self) -> str | None:
+        """The request field that holds the output's grammar or schema (what an error about it names)."""
+        given = [name for name in ("response_format", "grammar", "json_schema")
+                 if getattr(self, name) is not None and not (name == "response_format" and self.response_format.type == "text")]
+        return given[0] if given else None
+
+    def sampling_settings(self) -> dict:
+        """The SequenceParams settings of these fields. ValueError (param, message) names a field it refuses."""
+        out: dict = {}
+        sources = [n for n in ("response_format", "grammar", "json_schema")
+                   if getattr(self, n) is not None and not (n == "response_format" and self.response_format.type == "text")]
+        if len(sources) > 1:
+            raise ValueError(sources[1], f"{' and '.join(sources)} each set the output's format: give one")
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            out["json_schema"] = rf.schema_ if rf.schema_ is not None else {"type": "object"}
+        elif rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema.schema_ if rf.json_schema is not None else None
+            if schema is None:
+                schema = rf.schema_
+            if schema is None:
+                raise ValueError("response_format", "response_format of type json_schema needs json_schema.schema")
+            out["json_schema"] = schema
+        if self.grammar is not None:
+            out["grammar"] = self.grammar
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        for name in ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.logit_bias is not None:
+            pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+            bias = {}
+            for key, value in pairs:
+                try:
+                    token = int(key) if isinstance(key, str) else key
+                except ValueError:
+                    raise ValueError("logit_bias", f"logit_bias: {key!r} is not a token id") from None
+                if isinstance(token, (str, bool, float)) or not 0 <= token <= INT32_MAX:
+                    raise ValueError("logit_bias", f"logit_bias: {key!r} is not a token id")
+                if isinstance(value, str) or (not isinstance(value, bool) and not -100.0 <= value <= 100.0):
+                    raise ValueError("logit_bias", f"logit_bias: the bias of token {token} must be within -100..100 "
+                                                   f"(-100 or false bans it)")
+                if value is False or (value is not True and value <= BAN):
+                    bias[token] = float("-inf")
+                elif value is True:
+                    raise ValueError("logit_bias", f"logit_bias: token {token}: true is not a bias (false bans)")
+                else:
+                    bias[token] = float(value)
+            out["logit_bias"] = bias
+        return out
+
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class GenerationRequest(SamplingFields):
     """What a chat and a text completion request share: the model, the sampling and draft settings, the stop
     strings and how the answer is sent."""
 
@@ -100,9 +194,14 @@ class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(**_limits("n_probs"))] | None = None
 
-
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+    def n_probs(self) -> int | None:
+        """Alternatives per token with log-probabilities (None: none asked for)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs", "top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(GenerationRequest):
@@ -110,6 +209,10 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: Literal[False] = False
     suffix: None = None
+    logprobs: Annotated[int, Field(**_limits("n_probs"))] | None = None
+
+    def n_probs(self) -> int | None:
+        return self.logprobs
 
 
 class TokenizeRequest(_Strict):
