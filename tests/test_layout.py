@@ -23,7 +23,7 @@ CORE_MODULES = [
     "pyllamaspec.config", "pyllamaspec.model", "pyllamaspec.session", "pyllamaspec.memory", "pyllamaspec.errors",
     "pyllamaspec.buildinfo", "pyllamaspec.atomicfile", "pyllamaspec.ggufinfo", "pyllamaspec.ggufinfo.reader",
     "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing", "pyllamaspec.textfiles", "pyllamaspec.templateguard",
-    "pyllamaspec.native_params", "pyllamaspec.costcache", "pyllamaspec.paths", "pyllamaspec.progress",
+    "pyllamaspec.chat", "pyllamaspec.native_params", "pyllamaspec.costcache", "pyllamaspec.paths", "pyllamaspec.progress",
     "pyllamaspec.controller",
 ]
 UPPER_LAYERS = ("pyllamaspec.tools", "pyllamaspec.server", "pyllamaspec.cli", "pyllamaspec.bench")
@@ -108,7 +108,7 @@ PACKAGE_LAYERS = {"core": 0, "tools": 1, "server": 1, "bench": 1, "cli": 2}
 CORE_RANKS = {
     "errors": 0, "paths": 0, "progress": 0,
     "_native": 1, "atomicfile": 1, "textfiles": 1, "templateguard": 1,
-    "config": 2,
+    "config": 2, "chat": 2,
     "ggufinfo": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
     "model": 5, "memory": 5,

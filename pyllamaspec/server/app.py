@@ -30,6 +30,7 @@ from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
 from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, shutdown_error, sse,
                         token_pieces_body)
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tools import ToolPlan, call_opening, tool_settings
 
 log = logging.getLogger("pyllamaspec.server")
 
@@ -171,18 +172,38 @@ class ServerState:
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param=param)
 
-    def chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_tokens(self, req: ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
+        """The prompt's tokens and, for a request with tools (or tool calls in its conversation), how to read
+        the reply back."""
         target = self.loaded.target
+        kwargs = req.chat_template_kwargs
+        thinking = kwargs.enable_thinking if kwargs is not None and kwargs.enable_thinking is not None \
+            else self.enable_thinking
+        if req.uses_tools():
+            settings = tool_settings(req)
+            messages = [m.openai() for m in req.messages]
+
+            def render(msgs: list[dict], add_generation_prompt: bool, choice: str = "auto"):
+                return target.apply_chat(msgs, tools=settings.tools, tool_choice=choice,
+                                         parallel_tool_calls=settings.parallel, template=self.template,
+                                         enable_thinking=thinking, add_generation_prompt=add_generation_prompt)
+
+            try:
+                plan = render(messages, True, settings.tool_choice)
+                # a required call starts in the prompt: the reply opens as a call does in the template's format
+                prefill = call_opening(lambda m, g: render(m, g).prompt, settings.function) \
+                    if settings.tool_choice == "required" else ""
+            except ConfigError as e:
+                raise APIError(400, str(e), param="tools" if req.tools else "messages") from None
+            tools = ToolPlan(plan, settings, target, prefill)
+            return target.tokenize(plan.prompt + prefill), tools
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         try:
-            kwargs = req.chat_template_kwargs
-            thinking = kwargs.enable_thinking if kwargs is not None and kwargs.enable_thinking is not None \
-                else self.enable_thinking
             text = target.apply_chat_template(messages, add_generation_prompt=True, template=self.template,
                                               enable_thinking=thinking)
         except ConfigError as e:
             raise APIError(400, str(e), param="messages") from None
-        return target.tokenize(text)
+        return target.tokenize(text), None
 
     def completion_tokens(self, req: CompletionRequest) -> list[int]:
         prompt = req.prompt
@@ -283,11 +304,13 @@ async def _unless_disconnected(awaitable, request: Request):
 
 
 class _Completion:
-    """One chat or text completion: the job's results sent as a stream of chunks, or as one body."""
+    """One chat or text completion: the job's results sent as a stream of chunks, or as one body. A reply to a
+    request with tools is read for tool calls (tools.py) as it arrives."""
 
-    def __init__(self, state: ServerState, req, kind: str) -> None:
+    def __init__(self, state: ServerState, req, kind: str, tools: ToolPlan | None = None) -> None:
         self.state = state
         self.return_tokens = req.return_tokens
+        self.reader = tools.reader() if tools is not None and tools.parses else None
         self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
                                        include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
@@ -299,13 +322,22 @@ class _Completion:
                 yield sse(b.chunk([b.delta_choice(None, [], None, role=True)]))
             while True:
                 item = await job.queue.get()
-                if isinstance(item, Delta):
+                if isinstance(item, Delta) and self.reader is not None:
+                    for delta in self.reader.feed(item.text):
+                        yield sse(b.chunk([b.message_delta_choice(delta)]))
+                elif isinstance(item, Delta):
                     if item.text or self.return_tokens:   # text held back (a stop string may begin): no chunk
                         yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
                 elif isinstance(item, Final):
-                    if item.text or (item.tokens and self.return_tokens):
+                    finish = item.finish_reason
+                    if self.reader is not None:
+                        for delta in self.reader.feed(item.text) + self.reader.finish():
+                            yield sse(b.chunk([b.message_delta_choice(delta)]))
+                        if self.reader.final.tool_calls and finish == "stop":
+                            finish = "tool_calls"
+                    elif item.text or (item.tokens and self.return_tokens):
                         yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None)]))
-                    yield sse(b.chunk([b.delta_choice(None, [], item.finish_reason)], timings=item.timings))
+                    yield sse(b.chunk([b.delta_choice(None, [], finish)], timings=item.timings))
                     if b.include_usage:
                         yield sse(b.chunk([], usage=item.usage, timings=item.timings))
                     yield sse("[DONE]")
@@ -326,18 +358,27 @@ class _Completion:
             tokens.extend(item.tokens)
             if isinstance(item, Final):
                 break
-        return self.bodies.whole("".join(texts), tokens, item.finish_reason, item.usage, item.timings)
+        text, finish, calls = "".join(texts), item.finish_reason, None
+        if self.reader is not None:
+            reply, calls = self.reader.whole(text)
+            text = reply.content
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        return self.bodies.whole(text, tokens, finish, item.usage, item.timings, tool_calls=calls)
 
 
-async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int]) -> Response:
+async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int],
+                    tools: ToolPlan | None = None) -> Response:
     engine = state.require_ready()
     prompt_param = "messages" if kind == "chat" else "prompt"
-    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, tuple(req.stop_strings()))
+    stops = tuple(req.stop_strings()) + (tools.stops if tools is not None else ())
+    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, stops,
+              special_tokens=tools.special_tokens if tools is not None else frozenset())
     try:
         engine.submit(job)
     except (EngineBusy, EngineDraining) as e:
         raise _refusal_error(e) from None
-    gen = _Completion(state, req, kind)
+    gen = _Completion(state, req, kind, tools)
     try:
         first = await _unless_disconnected(job.queue.get(), request)
         if isinstance(first, JobFailed):
@@ -512,8 +553,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.require_ready()
         state.check_model(req.model)
-        tokens = await run_interruptible(state, request, state.chat_tokens, req)
-        return await _generate(state, request, req, "chat", tokens)
+        tokens, tools = await run_interruptible(state, request, state.chat_tokens, req)
+        return await _generate(state, request, req, "chat", tokens, tools)
 
     @app.post("/v1/completions")
     @app.post("/completions")

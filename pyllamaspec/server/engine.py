@@ -118,9 +118,11 @@ class Job:
     admitted; the asyncio side reads what arrives on `queue`."""
 
     def __init__(self, tokens: list[int], params: SequenceParams, loop: asyncio.AbstractEventLoop,
-                 prompt_param: str = "prompt", stop: tuple[str, ...] = ()) -> None:
+                 prompt_param: str = "prompt", stop: tuple[str, ...] = (),
+                 special_tokens: frozenset[int] = frozenset()) -> None:
         self.id = next(_ids)
         self.tokens = tokens
+        self.special_tokens = special_tokens  # sent as their text (a tool call's markup), not dropped
         self.params = params
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -324,7 +326,9 @@ class Engine:
                 with self._cv:
                     del self._running[e.slot]
 
-    def _piece(self, token: int) -> bytes:
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        if special:
+            return self.target.token_bytes(token, special=True)
         b = self._pieces.get(token)
         if b is None:
             b = self._pieces[token] = self.target.token_bytes(token)
@@ -351,7 +355,7 @@ class Engine:
         for t in e.tokens:
             job.n_generated += 1
             step.tokens.append(t)
-            text, hit = job.stops.feed(job.decoder.decode(self._piece(t)))
+            text, hit = job.stops.feed(job.decoder.decode(self._piece(t, t in job.special_tokens)))
             step.text.append(text)
             if hit:
                 finish = "stop"

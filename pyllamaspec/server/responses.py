@@ -110,10 +110,17 @@ class CompletionBodies:
             c["tokens"] = tokens
         return c
 
-    def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict) -> dict:
+    def message_delta_choice(self, delta: dict, finish: str | None = None) -> dict:
+        """A chat chunk's choice carrying a delta as it is (content, or tool_calls pieces)."""
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict,
+              tool_calls: list[dict] | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if self.return_tokens:

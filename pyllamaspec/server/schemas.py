@@ -76,9 +76,23 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str                      # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    tool_calls: list[ToolCall] | None = None     # an assistant's calls, earlier in the conversation
+    tool_call_id: str | None = None              # a tool's answer: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -86,6 +100,43 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(p.text for p in self.content)
+
+    def has_tool_parts(self) -> bool:
+        return bool(self.tool_calls) or self.role == "tool"
+
+    def openai(self) -> dict:
+        """The message as the template engine reads it (OpenAI's shape; developer is system)."""
+        out: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id or "", "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    description: str | None = None
+    parameters: dict | None = None      # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatTemplateKwargs(_Strict):
@@ -100,6 +151,13 @@ class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def uses_tools(self) -> bool:
+        """Tools offered, or tool calls and tool answers in the conversation: the template renders them."""
+        return bool(self.tools) or self.tool_choice is not None or any(m.has_tool_parts() for m in self.messages)
 
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
