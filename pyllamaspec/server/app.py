@@ -27,8 +27,8 @@ from ..errors import ConfigError
 from .engine import STARTED, Delta, Engine, EngineBusy, EngineDraining, Final, Job, JobFailed
 from .metrics import ServerMetrics
 from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
-from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, shutdown_error, sse,
-                        token_pieces_body)
+from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, props_body,
+                        shutdown_error, slots_body, sse, token_pieces_body)
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .tools import ToolPlan, call_opening, tool_settings
 
@@ -47,8 +47,12 @@ class Loaded:
 class ServerState:
     def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                  metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
-                 enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None) -> None:
+                 enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None,
+                 n_predict: int = -1, slots_endpoint: bool = True) -> None:
         self.loader = loader
+        self.n_predict = n_predict          # a request's max_tokens when it sets none (-n; -1: no limit)
+        self.slots_endpoint = slots_endpoint
+        self._caps: dict | None = None
         self.alias = alias
         self.queue_size = queue_size
         self.chat_template = chat_template
@@ -161,6 +165,16 @@ class ServerState:
             raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
         return engine
 
+    def template_caps(self) -> dict:
+        """What the chat template supports (tools, parallel calls, a system role...), as upstream reads it."""
+        if self._caps is None:
+            try:
+                self._caps = self.loaded.target.apply_chat([{"role": "user", "content": "x"}],
+                                                           template=self.template).caps
+            except ConfigError:
+                self._caps = {}
+        return self._caps
+
     def check_model(self, name: str | None) -> None:
         if name and name not in self.model_names:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
@@ -235,9 +249,9 @@ def _close_loaded(loaded: Loaded) -> None:
 _REQUEST_FIELD = {"temp": "temperature", "n_predict": "max_tokens"}
 
 
-def _sequence_params(req) -> SequenceParams:
+def _sequence_params(req, default_n_predict: int = -1) -> SequenceParams:
     """The request's settings for its sequence; a value the sequence cannot take is a 400 naming the field."""
-    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
+    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_n_predict
     seed = UINT32_MAX if req.seed == -1 else req.seed
     try:
         return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
@@ -372,7 +386,7 @@ async def _generate(state: ServerState, request: Request, req, kind: str, tokens
     engine = state.require_ready()
     prompt_param = "messages" if kind == "chat" else "prompt"
     stops = tuple(req.stop_strings()) + (tools.stops if tools is not None else ())
-    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, stops,
+    job = Job(tokens, _sequence_params(req, state.n_predict), asyncio.get_running_loop(), prompt_param, stops,
               special_tokens=tools.special_tokens if tools is not None else frozenset())
     try:
         engine.submit(job)
@@ -455,11 +469,13 @@ class _APIKey:
 def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                enable_thinking: bool | None = None, api_key: str | None = None,
-               on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               n_predict: int = -1, slots_endpoint: bool = True) -> FastAPI:
     """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
     `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
-                        chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal)
+                        chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal,
+                        n_predict=n_predict, slots_endpoint=slots_endpoint)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -538,6 +554,19 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
     async def models():
         state.require_ready()
         return models_body(state.model_name, state.created, state.loaded.target.info, state.loaded.session.info)
+
+    @app.get("/props")
+    async def props():
+        state.require_ready()
+        return props_body(state)
+
+    @app.get("/slots")
+    async def slots():
+        engine = state.require_ready()
+        if not state.slots_endpoint:
+            raise APIError(501, "This server does not support slots endpoint (start it with --slots).",
+                           "not_supported_error")
+        return slots_body(state, engine.slot_jobs())
 
     @app.get("/metrics")
     async def metrics():

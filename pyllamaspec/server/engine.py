@@ -170,6 +170,7 @@ class Engine:
         self._cancels: list[Job] = []
         self._draining = False
         self._pieces: dict[int, bytes] = {}
+        self._step_s = 0.0           # how long the last step took
         self._thread = threading.Thread(target=self._run, name="pyllamaspec-engine", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------------
@@ -184,6 +185,11 @@ class Engine:
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
+
+    def slot_jobs(self) -> dict[int, "Job"]:
+        """The running jobs by slot (a snapshot)."""
+        with self._cv:
+            return dict(self._running)
 
     @property
     def draining(self) -> bool:
@@ -308,8 +314,10 @@ class Engine:
 
     def _step(self) -> None:
         busy = len(self._running)
+        t0 = time.perf_counter()
         try:
             events, _left = self.session.step_sequences()
+            self._step_s = time.perf_counter() - t0
         except PyllamaspecError as e:
             # a failed step ends every sequence and frees every slot
             log.error("generation failed: %s", e)
@@ -395,6 +403,9 @@ class Engine:
         t_first = job.t_first if job.t_first is not None else now
         prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
         predicted_ms = (now - t_first) * 1000.0
+        if predicted_ms <= 0.0 and job.n_generated:
+            # the whole reply came in one verify step (with the prompt's last chunk): that step's time
+            predicted_ms = self._step_s * 1000.0
         n_prompt = len(job.tokens)
         # as llama-server: prompt_n counts what was processed, cache_n what a slot's memory already held
         n_done = min(job.n_processed, n_prompt)

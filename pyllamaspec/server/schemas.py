@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import INT32_MAX, SEQUENCE_LIMITS
 
@@ -20,6 +20,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, populate_by_name=True, extra="ignore")
 
 
+MAX_STOP_STRINGS = 16     # OpenAI takes 4; llama-server any number
 Probability = Annotated[float, Field(**_limits("top_p"), allow_inf_nan=False)]
 DraftLength = Annotated[int, Field(**_limits("n_max"))]
 
@@ -48,7 +49,7 @@ class GenerationRequest(_Strict):
     min_p: Annotated[float, Field(**_limits("min_p"), allow_inf_nan=False)] | None = None
     # -1: a random seed, as llama-server takes it
     seed: Annotated[int, Field(ge=-1, le=_limits("seed")["le"])] | None = None
-    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
@@ -57,6 +58,13 @@ class GenerationRequest(_Strict):
     speculative_n_min: DraftLength | None = Field(None, alias="speculative.n_min")
     speculative_p_min: Probability | None = Field(None, alias="speculative.p_min")
     return_tokens: bool = False      # llama-server's extension: the generated token ids in each choice
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_16_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, not {len(v)}")
+        return v
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
