@@ -227,7 +227,8 @@ def test_no_command_imports_another_command() -> None:
 NATIVE_UNITS = [
     "pyllamaspec",                                    # the C API header (pyllamaspec/include)
     "shim_common",                                    # errors, logging, devices, model handles
-    "info", "model", "quantize", "synth",             # C API of build info, models, the quantizer, synthetic models
+    "info", "model", "chat_tools", "quantize",        # C API of build info, models, chat requests, the quantizer,
+    "synth",                                          # synthetic models
     "adaptive",                                       # the draft-length controller (no llama.cpp state)
     "session_plan",                                   # a session's parameters and contexts, before any model
     "memory",                                         # the memory estimate

@@ -339,13 +339,13 @@ def test_real_pair_tool_call_tokens_equal_plain_decoding(real_models):
     opening = call_opening(render, None)
     prompt = target.tokenize(p.prompt + opening)
     with SpecSession(target, None, SessionConfig(spec_types=[], margins=True, n_ctx=1024)) as s:
-        ref = s.generate(prompt, 32)
+        ref = s.generate(prompt, 24)
     for spec, cfg in [("ngram-simple", dict(spec_types=["ngram-simple"], adaptive=False)),
                       ("draft-simple", dict(spec_types=["draft-simple"], adaptive=False, n_max=6)),
                       ("adaptive", dict(spec_types=["draft-simple"], adaptive=True))]:
         with SpecSession(target, None if spec.startswith("ngram") else drafter,
                          SessionConfig(n_ctx=1024, **cfg)) as s:
-            out = s.generate(prompt, 32)
+            out = s.generate(prompt, 24)
         assert_near(out.tokens, ref, MIN_NEAR_TIE)
         # read as the server reads it (what follows the first call here is off the format: dropped)
         reply, calls = ReplyReader(p, parallel=True).whole(opening + target.detokenize(out.tokens))
