@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import _native, templateguard
+from .chat import ChatPlan, chat_request_json
 from .textfiles import encode_text
 from .config import ModelConfig
 from .errors import ChatTemplateError, ConfigError, ConfigTypeError, ModelLoadError
@@ -277,6 +278,51 @@ class Model:
                                         f"--chat-template) or format the prompt yourself (--raw)")
             if rc == self._lib.PLS_ERR_TEMPLATE:
                 which = "the given chat template" if template is not None else f"the chat template of '{self.path.name}'"
+                raise ChatTemplateError(f"{which} cannot be applied: {_one_line(err.text)}")
+            _native.check(rc, err, ChatTemplateError)
+        raise ChatTemplateError("chat template formatting failed: its output kept growing")
+
+    def apply_chat(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+                   tool_choice: str = "auto", parallel_tool_calls: bool = False, add_generation_prompt: bool = True,
+                   template: str | None = None, enable_thinking: bool | None = None) -> ChatPlan:
+        """A chat request in OpenAI's shapes (messages with tool_calls and role 'tool', function tools) through the
+        model's chat template (or `template`), as llama-server renders it: a ChatPlan with the prompt, the
+        reply's parser and the tool-call grammar. tool_choice: auto, none or required. Raises ChatTemplateError
+        when there is no template or it cannot render these messages or tools, ConfigError for malformed ones."""
+        if template is not None and (not isinstance(template, str) or "\0" in template or not template.strip()):
+            raise ConfigError("template must be non-empty Jinja source text")
+        request = chat_request_json(list(messages), list(tools) if tools else None, tool_choice,
+                                    flag(parallel_tool_calls, "parallel_tool_calls"),
+                                    flag(add_generation_prompt, "add_generation_prompt"),
+                                    None if enable_thinking is None else flag(enable_thinking, "enable_thinking"))
+        ffi = self._ffi
+        c_request = ffi.new("char[]", request.encode("utf-8"))
+        tmpl = ffi.new("char[]", template.encode("utf-8")) if template is not None else ffi.NULL
+        n_out = ffi.new("int32_t *")
+        err = _native.ErrorBuffer(ffi)
+        cap = 4 * len(request) + (len(template) if template else 0) + 65536
+        which = "the given chat template" if template is not None else f"the chat template of '{self.path.name}'"
+        with self._use() as h:  # a template is a program: its first run here is in a child, under budgets
+            def probe(cap=cap):
+                out = ffi.new("char[]", cap)
+                rc = self._lib.pls_chat_apply(h, tmpl, c_request, out, cap, n_out, err.buf, err.SIZE)
+                return rc, err.text
+
+            templateguard.check(int(ffi.cast("uintptr_t", h)), template, probe, which)
+        for _ in range(3):
+            buf = ffi.new("char[]", cap)
+            with self._use() as h:
+                rc = self._lib.pls_chat_apply(h, tmpl, c_request, buf, cap, n_out, err.buf, err.SIZE)
+            if rc == self._lib.PLS_OK:
+                if n_out[0] < cap:
+                    text = bytes(ffi.buffer(buf, n_out[0])).decode("utf-8", "replace")
+                    return ChatPlan.from_json(text, tools=bool(tools) and tool_choice != "none")
+                cap = n_out[0] + 4096
+                continue
+            if rc == self._lib.PLS_ERR_NO_TEMPLATE:
+                raise ChatTemplateError(f"'{self.path.name}' has no chat template; pass one (template=..., "
+                                        f"--chat-template) or format the prompt yourself (--raw)")
+            if rc == self._lib.PLS_ERR_TEMPLATE:
                 raise ChatTemplateError(f"{which} cannot be applied: {_one_line(err.text)}")
             _native.check(rc, err, ChatTemplateError)
         raise ChatTemplateError("chat template formatting failed: its output kept growing")

@@ -93,3 +93,28 @@ QWEN3_STYLE = (
     "{%- endif %}"
     "{%- endif %}"
 )
+
+
+# A chat template that offers tools and writes calls as <tool_call>{"name": ..., "arguments": ...}</tool_call>
+# (the shape of Qwen2.5's), for tool-call tests on the synthetic models.
+TOOLS_STYLE = (
+    "{%- if tools %}{{- '<|im_start|>system\\nYou may call these functions:\\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson }}{{- '\\n' }}{%- endfor %}"
+    "{{- 'Write each call as <tool_call>\\n{\"name\": <name>, \"arguments\": <args>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{{- call.function.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)

@@ -23,7 +23,8 @@ CORE_MODULES = [
     "pyllamaspec.config", "pyllamaspec.model", "pyllamaspec.session", "pyllamaspec.memory", "pyllamaspec.errors",
     "pyllamaspec.buildinfo", "pyllamaspec.atomicfile", "pyllamaspec.ggufinfo", "pyllamaspec.ggufinfo.reader",
     "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing", "pyllamaspec.textfiles", "pyllamaspec.templateguard",
-    "pyllamaspec.native_params", "pyllamaspec.grammar", "pyllamaspec.costcache", "pyllamaspec.paths", "pyllamaspec.progress",
+    "pyllamaspec.chat", "pyllamaspec.native_params", "pyllamaspec.grammar", "pyllamaspec.costcache", "pyllamaspec.paths",
+    "pyllamaspec.progress",
     "pyllamaspec.controller",
 ]
 UPPER_LAYERS = ("pyllamaspec.tools", "pyllamaspec.server", "pyllamaspec.cli", "pyllamaspec.bench")
@@ -108,7 +109,7 @@ PACKAGE_LAYERS = {"core": 0, "tools": 1, "server": 1, "bench": 1, "cli": 2}
 CORE_RANKS = {
     "errors": 0, "paths": 0, "progress": 0,
     "_native": 1, "atomicfile": 1, "textfiles": 1, "templateguard": 1,
-    "config": 2,
+    "config": 2, "chat": 2,
     "ggufinfo": 3, "grammar": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
     "model": 5, "memory": 5,
@@ -227,7 +228,8 @@ def test_no_command_imports_another_command() -> None:
 NATIVE_UNITS = [
     "pyllamaspec",                                    # the C API header (pyllamaspec/include)
     "shim_common",                                    # errors, logging, devices, model handles
-    "info", "model", "quantize", "synth",             # C API of build info, models, the quantizer, synthetic models
+    "info", "model", "chat_tools", "quantize",        # C API of build info, models, chat requests, the quantizer,
+    "synth",                                          # synthetic models
     "adaptive",                                       # the draft-length controller (no llama.cpp state)
     "sampling_ext",                                   # grammars, penalties, biases, log-probabilities
     "session_plan",                                   # a session's parameters and contexts, before any model

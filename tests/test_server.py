@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from clirun import CLI
 
 pytest.importorskip("fastapi", reason="the server extra is not installed (pip install .[server])")
 uvicorn = pytest.importorskip("uvicorn")
@@ -31,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from pyllamaspec import Model, SessionConfig, SpecSession  # noqa: E402
 
 from helpers import MIN_NEAR_TIE, NEAR_TIE  # noqa: E402
+from serving import InProcessServer, ServerProcess  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1],
            [2, 4, 6, 8, 10, 12, 14], [11, 13, 17, 19, 23], [30, 31, 32, 33], [100, 200, 300, 400, 500]]
@@ -39,74 +36,6 @@ MODEL = "target-qwen3"       # the served name: the target file's name without .
 TIMEOUT = 60.0
 SERVE = ["--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-adaptive", "off", "-np", "4", "-c", "8192",
          "--queue-size", "16"]
-
-
-# -- a server process ---------------------------------------------------------------------------------
-
-
-class ServerProcess:
-    """`pyllamaspec serve --port 0` in a subprocess; output goes to files (a full pipe would block it)."""
-
-    def __init__(self, args: list[str], workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.out_path, self.err_path = workdir / "server.out", workdir / "server.err"
-        self._out, self._err = open(self.out_path, "w"), open(self.err_path, "w")
-        # cwd elsewhere than the repository: `-m` must import the installed package, not the source tree
-        self.proc = subprocess.Popen([*CLI, "serve", *args, "--host", "127.0.0.1",
-                                      "--port", "0"], stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-                                     cwd=workdir)
-        self.url = None
-
-    def wait_listening(self, timeout: float = TIMEOUT) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.out_path.read_text().splitlines():
-                if "listening on http://" in line:
-                    self.url = line.split("listening on ")[1].strip()
-                    return self.url
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}: {self.err_path.read_text()}")
-            time.sleep(0.05)
-        raise AssertionError("the server did not open its port")
-
-    def wait_ready(self, timeout: float = TIMEOUT) -> None:
-        self.wait_listening()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}: {self.err_path.read_text()}")
-            time.sleep(0.05)
-        raise AssertionError("the server did not become ready")
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no VmRSS")
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
-        try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(sig)
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(10)
-                    raise AssertionError(f"the server did not stop within {timeout} s after {sig!r}")
-            return self.proc.returncode
-        finally:
-            self._out.close()
-            self._err.close()
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -589,27 +518,6 @@ def test_bounded_load_ends_clean(server):
 
 
 # -- loading, overflow, shutdown (uvicorn in a thread, where the test holds the load or the batch) ------
-
-
-class InProcessServer:
-    def __init__(self, app) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + TIMEOUT
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(TIMEOUT)
-        assert not self.thread.is_alive(), "the server did not stop"
 
 
 class GatedSession:

@@ -47,6 +47,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_template_flags(g)
     g.add_argument("--metrics", action="store_true", help="accepted for llama-server's command lines; /metrics is "
                                                           "always served")
+    # llama-server's common flags, where they map
+    g.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=-1, metavar="N",
+                   help="tokens to generate for a request that sets no max_tokens (default: -1, until the end of "
+                        "the reply or the context, as llama-server)")
+    g.add_argument("--jinja", action="store_true",
+                   help="accepted for llama-server's command lines: chat templates always render through Jinja "
+                        "(tools included)")
+    g.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True,
+                   help="continuous batching (always on: requests join and leave the running batch)")
+    g.add_argument("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false",
+                   help="refused: continuous batching cannot be switched off")
+    g.add_argument("--slots", dest="slots", action="store_true", default=True,
+                   help="serve /slots, the slots' state (default: on, as llama-server)")
+    g.add_argument("--no-slots", dest="slots", action="store_false", help="answer /slots with 501")
+    g.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="llama-server's KV-shift reuse of prompt chunks: only 0 is accepted (a slot reuses the "
+                        "prefix its memory shares with a new prompt)")
+    g.add_argument("--embeddings", "--embedding", dest="embeddings", action="store_true",
+                   help="refused: /v1/embeddings is not served")
     g.add_argument("--metrics-prefix", default="pyllamaspec",
                    help="prefix of the Prometheus metric names (default pyllamaspec; 'llamacpp' matches "
                         "llama-server's dashboards)")
@@ -96,6 +115,16 @@ def run(args) -> int:
         raise ConfigError(f"--queue-size {args.queue_size} must be >= 0")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} must be within 0..65535")
+    if not args.cont_batching:
+        raise ConfigError("--no-cont-batching: continuous batching cannot be switched off (requests join and leave "
+                          "the running batch); use -np 1 to run one request at a time")
+    if args.cache_reuse != 0:
+        raise ConfigError(f"--cache-reuse {args.cache_reuse}: reusing KV chunks by shifting is not supported; a "
+                          f"slot reuses the prefix its memory shares with a new prompt (use 0)")
+    if args.embeddings:
+        raise ConfigError("--embeddings: /v1/embeddings is not served by pyllamaspec")
+    if args.n_predict < -1 or args.n_predict == 0:
+        raise ConfigError(f"-n/--n-predict {args.n_predict} must be -1 (no limit) or >= 1")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     logging.getLogger("pyllamaspec.server").setLevel(logging.INFO)
 
@@ -108,7 +137,8 @@ def run(args) -> int:
     template, thinking = chat_settings(args)
     app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,
                      metrics_prefix=args.metrics_prefix, chat_template=template, enable_thinking=thinking,
-                     api_key=args.api_key, on_fatal=on_fatal, max_body_bytes=args.max_body_size)
+                     api_key=args.api_key, on_fatal=on_fatal, max_body_bytes=args.max_body_size,
+                     n_predict=args.n_predict, slots_endpoint=args.slots)
     state = app.state.server
     config = uvicorn.Config(app, log_level="info", lifespan="on",
                             timeout_graceful_shutdown=args.timeout_graceful_shutdown)

@@ -129,6 +129,25 @@ int32_t pls_chat_format(const pls_model * model, const char * tmpl, const char *
                         const char * const * contents, int32_t n_messages, int32_t add_generation_prompt,
                         int32_t enable_thinking, char * buf, int32_t buf_size, int32_t * n_out,
                         char * err, size_t err_size);
+/* Chat requests with tools, as llama-server renders and parses them (upstream's common/chat).
+ * pls_chat_apply: request_json is {"messages": [OpenAI chat messages, with tool_calls, tool_call_id, name],
+ * "tools": [OpenAI function tools] or null, "tool_choice": "auto"|"none"|"required", "parallel_tool_calls": bool,
+ * "add_generation_prompt": bool, "enable_thinking": bool (absent: the engine's default)}; tmpl as in
+ * pls_chat_format. The result is a JSON object: "prompt", the reply's "format" (and "format_name"), "parser" and
+ * "generation_prompt" (what pls_chat_parse needs), the tool-call "grammar", "grammar_lazy", "grammar_triggers"
+ * ([{"type": "word"|"token"|"pattern"|"pattern_full", "value", "token"}]), "preserved_tokens", "additional_stops",
+ * "supports_thinking" and the template's "caps".
+ * pls_chat_parse: syntax_json is {"format", "parser", "generation_prompt", "parse_tool_calls"} from that result;
+ * text the reply so far (is_partial 1 while it grows). The result is the reply as an OpenAI assistant message
+ * ({"role", "content", "tool_calls": [{"type", "function": {"name", "arguments"}, "id"?}]}).
+ * Both return PLS_OK with the result's length in *n_out, the result and a NUL in buf when *n_out < buf_size (else
+ * buf is untouched: call again with *n_out + 1 bytes). PLS_ERR_INVALID for a malformed request;
+ * PLS_ERR_NO_TEMPLATE / PLS_ERR_TEMPLATE as pls_chat_format (also when a reply does not match its format);
+ * PLS_ERR_MEMORY. */
+int32_t pls_chat_apply(const pls_model * model, const char * tmpl, const char * request_json, char * buf,
+                       int32_t buf_size, int32_t * n_out, char * err, size_t err_size);
+int32_t pls_chat_parse(const char * syntax_json, const char * text, int32_t text_len, int32_t is_partial,
+                       char * buf, int32_t buf_size, int32_t * n_out, char * err, size_t err_size);
 
 /* ---- sessions ---------------------------------------------------------------------------- */
 

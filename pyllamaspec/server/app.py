@@ -27,9 +27,10 @@ from ..errors import ConfigError
 from .engine import STARTED, Delta, Engine, EngineBusy, EngineDraining, Final, Job, JobFailed
 from .metrics import ServerMetrics
 from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
-from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, shutdown_error, sse,
-                        token_pieces_body)
+from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, props_body,
+                        shutdown_error, slots_body, sse, token_pieces_body)
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tools import ToolPlan, call_opening, tool_settings
 
 log = logging.getLogger("pyllamaspec.server")
 
@@ -46,8 +47,12 @@ class Loaded:
 class ServerState:
     def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                  metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
-                 enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None) -> None:
+                 enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None,
+                 n_predict: int = -1, slots_endpoint: bool = True) -> None:
         self.loader = loader
+        self.n_predict = n_predict          # a request's max_tokens when it sets none (-n; -1: no limit)
+        self.slots_endpoint = slots_endpoint
+        self._caps: dict | None = None
         self.alias = alias
         self.queue_size = queue_size
         self.chat_template = chat_template
@@ -160,6 +165,16 @@ class ServerState:
             raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
         return engine
 
+    def template_caps(self) -> dict:
+        """What the chat template supports (tools, parallel calls, a system role...), as upstream reads it."""
+        if self._caps is None:
+            try:
+                self._caps = self.loaded.target.apply_chat([{"role": "user", "content": "x"}],
+                                                           template=self.template).caps
+            except ConfigError:
+                self._caps = {}
+        return self._caps
+
     def check_model(self, name: str | None) -> None:
         if name and name not in self.model_names:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
@@ -171,18 +186,45 @@ class ServerState:
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param=param)
 
-    def chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_tokens(self, req: ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
+        """The prompt's tokens and, for a request with tools (or tool calls in its conversation), how to read
+        the reply back."""
         target = self.loaded.target
+        kwargs = req.chat_template_kwargs
+        thinking = kwargs.enable_thinking if kwargs is not None and kwargs.enable_thinking is not None \
+            else self.enable_thinking
+        if req.uses_tools():
+            # a reply read for tool calls is shaped by the template's call format: another format, or per-token
+            # log-probabilities of text that becomes calls, cannot be honoured beside it
+            shaped = req.shape_source()
+            if shaped is not None:
+                raise APIError(400, f"{shaped} and tools both set the reply's format: give one", param=shaped)
+            if req.logprobs:
+                raise APIError(400, "logprobs are not returned for a request with tools", param="logprobs")
+            settings = tool_settings(req)
+            messages = [m.openai() for m in req.messages]
+
+            def render(msgs: list[dict], add_generation_prompt: bool, choice: str = "auto"):
+                return target.apply_chat(msgs, tools=settings.tools, tool_choice=choice,
+                                         parallel_tool_calls=settings.parallel, template=self.template,
+                                         enable_thinking=thinking, add_generation_prompt=add_generation_prompt)
+
+            try:
+                plan = render(messages, True, settings.tool_choice)
+                # a required call starts in the prompt: the reply opens as a call does in the template's format
+                prefill = call_opening(lambda m, g: render(m, g).prompt, settings.function) \
+                    if settings.tool_choice == "required" else ""
+            except ConfigError as e:
+                raise APIError(400, str(e), param="tools" if req.tools else "messages") from None
+            tools = ToolPlan(plan, settings, target, prefill)
+            return target.tokenize(plan.prompt + prefill), tools
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         try:
-            kwargs = req.chat_template_kwargs
-            thinking = kwargs.enable_thinking if kwargs is not None and kwargs.enable_thinking is not None \
-                else self.enable_thinking
             text = target.apply_chat_template(messages, add_generation_prompt=True, template=self.template,
                                               enable_thinking=thinking)
         except ConfigError as e:
             raise APIError(400, str(e), param="messages") from None
-        return target.tokenize(text)
+        return target.tokenize(text), None
 
     def completion_tokens(self, req: CompletionRequest) -> list[int]:
         prompt = req.prompt
@@ -214,9 +256,9 @@ def _close_loaded(loaded: Loaded) -> None:
 _REQUEST_FIELD = {"temp": "temperature", "n_predict": "max_tokens"}
 
 
-def _sequence_params(req) -> SequenceParams:
+def _sequence_params(req, default_n_predict: int = -1) -> SequenceParams:
     """The request's settings for its sequence; a value the sequence cannot take is a 400 naming the field."""
-    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or -1
+    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_n_predict
     seed = UINT32_MAX if req.seed == -1 else req.seed
     try:
         sampling = req.sampling_settings()
@@ -297,11 +339,13 @@ async def _unless_disconnected(awaitable, request: Request):
 
 
 class _Completion:
-    """One chat or text completion: the job's results sent as a stream of chunks, or as one body."""
+    """One chat or text completion: the job's results sent as a stream of chunks, or as one body. A reply to a
+    request with tools is read for tool calls (tools.py) as it arrives."""
 
-    def __init__(self, state: ServerState, req, kind: str) -> None:
+    def __init__(self, state: ServerState, req, kind: str, tools: ToolPlan | None = None) -> None:
         self.state = state
         self.return_tokens = req.return_tokens
+        self.reader = tools.reader() if tools is not None and tools.parses else None
         self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
                                        include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                        token_bytes=state.loaded.target.token_bytes)
@@ -314,14 +358,23 @@ class _Completion:
                 yield sse(b.chunk([b.delta_choice(None, [], None, role=True)]))
             while True:
                 item = await job.queue.get()
-                if isinstance(item, Delta):
+                if isinstance(item, Delta) and self.reader is not None:
+                    for delta in self.reader.feed(item.text):
+                        yield sse(b.chunk([b.message_delta_choice(delta)]))
+                elif isinstance(item, Delta):
                     # text held back (a stop string may begin): no chunk, unless it carries tokens or logprobs
                     if item.text or self.return_tokens or item.logprobs:
                         yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
                 elif isinstance(item, Final):
-                    if item.text or (item.tokens and (self.return_tokens or item.logprobs)):
+                    finish = item.finish_reason
+                    if self.reader is not None:
+                        for delta in self.reader.feed(item.text) + self.reader.finish():
+                            yield sse(b.chunk([b.message_delta_choice(delta)]))
+                        if self.reader.final.tool_calls and finish == "stop":
+                            finish = "tool_calls"
+                    elif item.text or (item.tokens and (self.return_tokens or item.logprobs)):
                         yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
-                    yield sse(b.chunk([b.delta_choice(None, [], item.finish_reason)], timings=item.timings))
+                    yield sse(b.chunk([b.delta_choice(None, [], finish)], timings=item.timings))
                     if b.include_usage:
                         yield sse(b.chunk([], usage=item.usage, timings=item.timings))
                     yield sse("[DONE]")
@@ -346,19 +399,28 @@ class _Completion:
                 break
         if logprobs is None and job.params.n_probs is not None:
             logprobs = []
-        return self.bodies.whole("".join(texts), tokens, item.finish_reason, item.usage, item.timings, logprobs)
+        text, finish, calls = "".join(texts), item.finish_reason, None
+        if self.reader is not None:
+            reply, calls = self.reader.whole(text)
+            text = reply.content
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        return self.bodies.whole(text, tokens, finish, item.usage, item.timings, logprobs=logprobs, tool_calls=calls)
 
 
-async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int]) -> Response:
+async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int],
+                    tools: ToolPlan | None = None) -> Response:
     engine = state.require_ready()
     prompt_param = "messages" if kind == "chat" else "prompt"
-    job = Job(tokens, _sequence_params(req), asyncio.get_running_loop(), prompt_param, tuple(req.stop_strings()),
-              field_name=lambda param: _request_field(req, param))
+    stops = tuple(req.stop_strings()) + (tools.stops if tools is not None else ())
+    job = Job(tokens, _sequence_params(req, state.n_predict), asyncio.get_running_loop(), prompt_param, stops,
+              field_name=lambda param: _request_field(req, param),
+              special_tokens=tools.special_tokens if tools is not None else frozenset())
     try:
         engine.submit(job)
     except (EngineBusy, EngineDraining) as e:
         raise _refusal_error(e) from None
-    gen = _Completion(state, req, kind)
+    gen = _Completion(state, req, kind, tools)
     try:
         first = await _unless_disconnected(job.queue.get(), request)
         if isinstance(first, JobFailed):
@@ -435,11 +497,13 @@ class _APIKey:
 def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                enable_thinking: bool | None = None, api_key: str | None = None,
-               on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               n_predict: int = -1, slots_endpoint: bool = True) -> FastAPI:
     """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
     `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
-                        chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal)
+                        chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal,
+                        n_predict=n_predict, slots_endpoint=slots_endpoint)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -519,6 +583,19 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
         state.require_ready()
         return models_body(state.model_name, state.created, state.loaded.target.info, state.loaded.session.info)
 
+    @app.get("/props")
+    async def props():
+        state.require_ready()
+        return props_body(state)
+
+    @app.get("/slots")
+    async def slots():
+        engine = state.require_ready()
+        if not state.slots_endpoint:
+            raise APIError(501, "This server does not support slots endpoint (start it with --slots).",
+                           "not_supported_error")
+        return slots_body(state, engine.slot_jobs())
+
     @app.get("/metrics")
     async def metrics():
         body, content_type = state.metrics.render()
@@ -533,8 +610,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.require_ready()
         state.check_model(req.model)
-        tokens = await run_interruptible(state, request, state.chat_tokens, req)
-        return await _generate(state, request, req, "chat", tokens)
+        tokens, tools = await run_interruptible(state, request, state.chat_tokens, req)
+        return await _generate(state, request, req, "chat", tokens, tools)
 
     @app.post("/v1/completions")
     @app.post("/completions")

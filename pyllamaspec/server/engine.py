@@ -120,9 +120,11 @@ class Job:
     admitted; the asyncio side reads what arrives on `queue`."""
 
     def __init__(self, tokens: list[int], params: SequenceParams, loop: asyncio.AbstractEventLoop,
-                 prompt_param: str = "prompt", stop: tuple[str, ...] = (), field_name=None) -> None:
+                 prompt_param: str = "prompt", stop: tuple[str, ...] = (), field_name=None,
+                 special_tokens: frozenset[int] = frozenset()) -> None:
         self.id = next(_ids)
         self.tokens = tokens
+        self.special_tokens = special_tokens  # sent as their text (a tool call's markup), not dropped
         self.params = params
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -173,6 +175,7 @@ class Engine:
         self._cancels: list[Job] = []
         self._draining = False
         self._pieces: dict[int, bytes] = {}
+        self._step_s = 0.0           # how long the last step took
         self._thread = threading.Thread(target=self._run, name="pyllamaspec-engine", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------------
@@ -187,6 +190,11 @@ class Engine:
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
+
+    def slot_jobs(self) -> dict[int, "Job"]:
+        """The running jobs by slot (a snapshot)."""
+        with self._cv:
+            return dict(self._running)
 
     @property
     def draining(self) -> bool:
@@ -311,8 +319,10 @@ class Engine:
 
     def _step(self) -> None:
         busy = len(self._running)
+        t0 = time.perf_counter()
         try:
             events, _left = self.session.step_sequences()
+            self._step_s = time.perf_counter() - t0
         except PyllamaspecError as e:
             # a failed step ends every sequence and frees every slot
             log.error("generation failed: %s", e)
@@ -329,7 +339,9 @@ class Engine:
                 with self._cv:
                     del self._running[e.slot]
 
-    def _piece(self, token: int) -> bytes:
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        if special:
+            return self.target.token_bytes(token, special=True)
         b = self._pieces.get(token)
         if b is None:
             b = self._pieces[token] = self.target.token_bytes(token)
@@ -358,7 +370,7 @@ class Engine:
             step.tokens.append(t)
             if step.logprobs is not None and i < len(e.logprobs):
                 step.logprobs.append(e.logprobs[i])
-            text, hit = job.stops.feed(job.decoder.decode(self._piece(t)))
+            text, hit = job.stops.feed(job.decoder.decode(self._piece(t, t in job.special_tokens)))
             step.text.append(text)
             if hit:
                 finish = "stop"
@@ -398,6 +410,9 @@ class Engine:
         t_first = job.t_first if job.t_first is not None else now
         prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
         predicted_ms = (now - t_first) * 1000.0
+        if predicted_ms <= 0.0 and job.n_generated:
+            # the whole reply came in one verify step (with the prompt's last chunk): that step's time
+            predicted_ms = self._step_s * 1000.0
         n_prompt = len(job.tokens)
         # as llama-server: prompt_n counts what was processed, cache_n what a slot's memory already held
         n_done = min(job.n_processed, n_prompt)

@@ -61,6 +61,44 @@ def models_body(name: str, created: int, target_info, session_info) -> dict:
                  "n_max": session_info.n_max_effective}}]}
 
 
+def _slot_params(state, job) -> dict:
+    p = job.params if job is not None else None
+    get = (lambda name, default=None: getattr(p, name, None) if p is not None and getattr(p, name, None) is not None
+           else default)
+    return {"n_predict": get("n_predict", state.n_predict), "temperature": get("temp"), "top_k": get("top_k"),
+            "top_p": get("top_p"), "min_p": get("min_p"), "seed": get("seed"),
+            "stop": list(job.stops.stops) if job is not None else [],
+            "speculative.n_max": get("n_max", state.loaded.session.info.n_max_effective),
+            "speculative.n_min": get("n_min"), "speculative.p_min": get("p_min")}
+
+
+def _slot(state, slot: int, job) -> dict:
+    info = state.loaded.session.info
+    return {"id": slot, "id_task": job.id if job is not None else -1,
+            "n_ctx": info.n_ctx // max(1, info.n_parallel), "speculative": bool(info.spec_types),
+            "is_processing": job is not None, "params": _slot_params(state, job),
+            "next_token": {"has_next_token": job is not None and not job.done,
+                           "n_decoded": job.n_generated if job is not None else 0}}
+
+
+def slots_body(state, jobs: dict) -> list[dict]:
+    """/slots, in llama-server's shape: each slot, idle or with the request it runs."""
+    return [_slot(state, i, jobs.get(i)) for i in range(state.loaded.session.info.n_parallel)]
+
+
+def props_body(state) -> dict:
+    """/props, in llama-server's shape (llama.cpp's web UI reads it): the default generation settings, the slot
+    count, the model and its chat template."""
+    target, info = state.loaded.target, state.loaded.session.info
+    template = state.template if state.template not in (None, "chatml") else None
+    source = template or target.chat_template or ""
+    return {"default_generation_settings": _slot(state, 0, None), "total_slots": info.n_parallel,
+            "model_alias": state.model_name, "model_path": str(target.path), "chat_template": source,
+            "chat_template_caps": state.template_caps(), "modalities": {"vision": False, "audio": False},
+            "bos_token": "", "eos_token": "", "build_info": FINGERPRINT, "webui": False,
+            "is_sleeping": False}
+
+
 def token_pieces_body(tokens: list[int], token_bytes) -> dict:
     """/tokenize with_pieces: each token with its text (or its bytes, when they are not UTF-8 on their own)."""
     pieces = []
@@ -146,11 +184,17 @@ class CompletionBodies:
             self.text_offset += len(text)
         return out
 
+    def message_delta_choice(self, delta: dict, finish: str | None = None) -> dict:
+        """A chat chunk's choice carrying a delta as it is (content, or tool_calls pieces)."""
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
     def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict,
-              logprobs: list | None = None) -> dict:
+              logprobs: list | None = None, tool_calls: list[dict] | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+            message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         if self.return_tokens:

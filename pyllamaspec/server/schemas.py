@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import INT32_MAX, SEQUENCE_LIMITS
 
@@ -20,6 +20,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, populate_by_name=True, extra="ignore")
 
 
+MAX_STOP_STRINGS = 16     # OpenAI takes 4; llama-server any number
 Probability = Annotated[float, Field(**_limits("top_p"), allow_inf_nan=False)]
 DraftLength = Annotated[int, Field(**_limits("n_max"))]
 
@@ -142,7 +143,7 @@ class GenerationRequest(SamplingFields):
     min_p: Annotated[float, Field(**_limits("min_p"), allow_inf_nan=False)] | None = None
     # -1: a random seed, as llama-server takes it
     seed: Annotated[int, Field(ge=-1, le=_limits("seed")["le"])] | None = None
-    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
@@ -151,6 +152,13 @@ class GenerationRequest(SamplingFields):
     speculative_n_min: DraftLength | None = Field(None, alias="speculative.n_min")
     speculative_p_min: Probability | None = Field(None, alias="speculative.p_min")
     return_tokens: bool = False      # llama-server's extension: the generated token ids in each choice
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_16_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, not {len(v)}")
+        return v
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -170,9 +178,23 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str                      # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    tool_calls: list[ToolCall] | None = None     # an assistant's calls, earlier in the conversation
+    tool_call_id: str | None = None              # a tool's answer: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -180,6 +202,43 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(p.text for p in self.content)
+
+    def has_tool_parts(self) -> bool:
+        return bool(self.tool_calls) or self.role == "tool"
+
+    def openai(self) -> dict:
+        """The message as the template engine reads it (OpenAI's shape; developer is system)."""
+        out: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id or "", "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    description: str | None = None
+    parameters: dict | None = None      # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatTemplateKwargs(_Strict):
@@ -196,6 +255,13 @@ class ChatCompletionRequest(GenerationRequest):
     chat_template_kwargs: ChatTemplateKwargs | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(**_limits("n_probs"))] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def uses_tools(self) -> bool:
+        """Tools offered, or tool calls and tool answers in the conversation: the template renders them."""
+        return bool(self.tools) or self.tool_choice is not None or any(m.has_tool_parts() for m in self.messages)
 
     def n_probs(self) -> int | None:
         """Alternatives per token with log-probabilities (None: none asked for)."""
