@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 9
+#define PLS_ABI_VERSION 10
 
 struct pls_model {
     llama_model * model = nullptr;
