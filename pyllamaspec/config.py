@@ -138,9 +138,15 @@ class ModelConfig:
     n_cpu_moe: int = 0
     load_mtp: bool | None = None      # None: when the GGUF has NextN (MTP) layers
     use_mmap: bool = True
+    rpc: Sequence[str] | str | None = None  # rpc-servers ("HOST:PORT"): their devices join placement (--rpc)
+    rpc_timeout: float = 5.0          # seconds to connect to each rpc-server and hear its handshake
 
     def __post_init__(self) -> None:
         owner = "ModelConfig"
+        from .rpc import check_timeout, parse_endpoints  # rpc imports the native binding lazily only
+
+        self.rpc = parse_endpoints(self.rpc, f"{owner}.rpc")
+        self.rpc_timeout = check_timeout(self.rpc_timeout, f"{owner}.rpc_timeout")
         _check_int(owner, "n_gpu_layers", self.n_gpu_layers, -1, hint=" (-1: all layers, 0: CPU only)")
         _check_choice(owner, "split_mode", self.split_mode, tuple(SPLIT_MODES))
         self.split_mode = self.split_mode.lower()
@@ -263,6 +269,7 @@ class SessionConfig:
     ngram_mod_n_max: int = 0
     margins: bool = False           # per-token target top-1/top-2 logit margin
     force_reject: bool = False      # reject every draft (cost of speculating at zero acceptance)
+    ignore_eos: bool = False        # never sample an end-of-generation token (llama.cpp's --ignore-eos)
     adaptive: bool = True           # choose the draft length per step and stream (0..n_max) from measured costs
     draft_schedule: Sequence[int] | None = None  # adaptive off: a fixed cycle of draft lengths (0 = a plain step)
     # adaptive: start from the costs an earlier session of the same setup measured on this machine, and keep what
@@ -299,7 +306,7 @@ class SessionConfig:
         _check_bool(owner, "flash_attn", self.flash_attn, optional=True)
         if self.n_rs_seq is not None:
             _check_int(owner, "n_rs_seq", self.n_rs_seq, 0, MAX_DRAFT)
-        for name in ("draft_backend_sampling", "margins", "force_reject"):
+        for name in ("draft_backend_sampling", "margins", "force_reject", "ignore_eos"):
             _check_bool(owner, name, getattr(self, name))
         check_sequence_value("temp", self.temp, owner)
         # any int32 here; opening a session refuses what is outside 0..TOP_K_MAX
