@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
@@ -93,6 +94,57 @@ def _string_list(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
     return out or None
 
 
+# -- remote devices (rpc-servers): endpoints as --rpc and ModelConfig.rpc take them ---------------------------------
+RPC_DEFAULT_PORT = 50052          # upstream rpc-server's
+_RPC_HOST = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def parse_rpc_endpoint(text: Any) -> str:
+    """'HOST:PORT' (a host name or IPv4 address and a port 1..65535) as given, stripped; ConfigError otherwise."""
+    if not isinstance(text, str):
+        raise ConfigTypeError(f"an RPC server is a 'HOST:PORT' string, not {type(text).__name__}")
+    e = text.strip()
+    host, sep, port = e.rpartition(":")
+    if not sep or not host or not port:
+        raise ConfigError(f"RPC server '{text}' is not of the form HOST:PORT (e.g. 127.0.0.1:{RPC_DEFAULT_PORT})")
+    if not _RPC_HOST.match(host):
+        ipv6 = ":" in host or "[" in host
+        raise ConfigError(f"RPC server '{text}': '{host}' is not a host name or IPv4 address"
+                          + (" (the RPC transport speaks IPv4 only)" if ipv6 else ""))
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"RPC server '{text}': port '{port}' is not a number within 1..65535")
+    return f"{host}:{int(port)}"
+
+
+def parse_rpc_endpoints(value: Any, owner: str = "rpc") -> tuple[str, ...] | None:
+    """None, 'HOST:PORT,HOST:PORT' or a sequence of 'HOST:PORT' -> a tuple of endpoints without repeats, or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = value.split(",")
+        if any(not item.strip() for item in items):
+            raise ConfigError(f"{owner}={value!r} has an empty entry; give HOST:PORT,HOST:PORT")
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        items = list(value)
+    else:
+        raise ConfigTypeError(f"{owner}={value!r} must be 'HOST:PORT,...' or a list of 'HOST:PORT' strings")
+    out: list[str] = []
+    for item in items:
+        e = parse_rpc_endpoint(item)
+        if e not in out:
+            out.append(e)
+    return tuple(out) or None
+
+
+def check_rpc_timeout(value: Any, owner: str = "rpc_timeout") -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigTypeError(f"{owner}={value!r} must be a number of seconds")
+    if not math.isfinite(value) or not 0.001 <= value <= 3600:
+        raise ConfigError(f"{owner}={value!r} must be within 0.001..3600 seconds")
+    return float(value)
+
+
+
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """'draft-simple,ngram-mod' or a list -> validated llama.cpp names ('none' alone means plain decoding)."""
     if value is None:
@@ -143,10 +195,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         owner = "ModelConfig"
-        from .rpc import check_timeout, parse_endpoints  # rpc imports the native binding lazily only
-
-        self.rpc = parse_endpoints(self.rpc, f"{owner}.rpc")
-        self.rpc_timeout = check_timeout(self.rpc_timeout, f"{owner}.rpc_timeout")
+        self.rpc = parse_rpc_endpoints(self.rpc, f"{owner}.rpc")
+        self.rpc_timeout = check_rpc_timeout(self.rpc_timeout, f"{owner}.rpc_timeout")
         _check_int(owner, "n_gpu_layers", self.n_gpu_layers, -1, hint=" (-1: all layers, 0: CPU only)")
         _check_choice(owner, "split_mode", self.split_mode, tuple(SPLIT_MODES))
         self.split_mode = self.split_mode.lower()

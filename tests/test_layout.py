@@ -109,9 +109,9 @@ CORE_RANKS = {
     "errors": 0, "paths": 0, "progress": 0,
     "_native": 1, "atomicfile": 1, "textfiles": 1, "templateguard": 1,
     "config": 2,
-    "ggufinfo": 3,
+    "ggufinfo": 3, "rpc": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
-    "model": 5, "memory": 5,
+    "model": 5, "memory": 5, "placement": 5,
     "session": 6,
     "": 7,  # the package itself: the public names
 }
@@ -228,6 +228,7 @@ NATIVE_UNITS = [
     "pyllamaspec",                                    # the C API header (pyllamaspec/include)
     "shim_common",                                    # errors, logging, devices, model handles
     "info", "model", "quantize", "synth",             # C API of build info, models, the quantizer, synthetic models
+    "rpc", "placement",                               # remote devices (rpc-servers), where a placement puts the head
     "adaptive",                                       # the draft-length controller (no llama.cpp state)
     "session_plan",                                   # a session's parameters and contexts, before any model
     "memory",                                         # the memory estimate

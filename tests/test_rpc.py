@@ -18,7 +18,8 @@ import pytest
 
 from pyllamaspec import ModelConfig
 from pyllamaspec.errors import ConfigError, RemoteDeviceError
-from pyllamaspec.rpc import add_servers, parse_endpoints
+from pyllamaspec.config import parse_rpc_endpoints as parse_endpoints
+from pyllamaspec.rpc import add_servers
 
 from clirun import CLI, PACKAGE_ROOT
 from helpers import NEAR_TIE

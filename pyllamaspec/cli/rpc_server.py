@@ -13,13 +13,12 @@ import ipaddress
 import os
 import socket
 import sys
-from pathlib import Path
 
-from ..errors import BuildError, ConfigError
-from ..rpc import DEFAULT_PORT
+from ..errors import ConfigError
+from ..config import RPC_DEFAULT_PORT as DEFAULT_PORT
+from ..rpc import SERVER_BINARY, server_binary
 from .output import warn
 
-BINARY = "ggml-rpc-server"
 SECURITY = ("the RPC protocol has no authentication and no encryption: anyone who can reach {where} can read and "
             "write this machine's device memory and run computations on it. Use it on a network you trust only.")
 
@@ -43,17 +42,6 @@ def register(sub) -> None:
     p.add_argument("--expose", action="store_true",
                    help="allow an address other than loopback (prints a security warning) (default: loopback only)")
     p.set_defaults(func=run)
-
-
-def server_binary() -> Path:
-    """The packaged server (pyllamaspec/bin), or the one beside the libraries of a build tree."""
-    from .._native import lib_dir
-
-    for candidate in (lib_dir().parent / "bin" / BINARY, lib_dir() / BINARY):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise BuildError(f"{BINARY} is not in this installation (looked in {lib_dir().parent / 'bin'}); reinstall "
-                     f"pyllamaspec from a source checkout")
 
 
 def check_listen(host: str, port: int, expose: bool) -> str:
@@ -85,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     host = check_listen(args.host, args.port, args.expose)
     if args.threads is not None and not 1 <= args.threads <= 512:
         raise ConfigError(f"-t {args.threads}: threads must be within 1..512")
-    argv = [BINARY, "-H", host, "-p", str(args.port)]
+    argv = [SERVER_BINARY, "-H", host, "-p", str(args.port)]
     if args.devices is not None:
         devices = [d.strip() for d in args.devices.split(",")]
         if not all(devices):
