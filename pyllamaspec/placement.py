@@ -52,8 +52,9 @@ def head_device(target: str | os.PathLike, config: ModelConfig | None = None) ->
 
 def drafter_config(target: str | os.PathLike, target_config: ModelConfig | None,
                    drafter_config: ModelConfig | None) -> ModelConfig:
-    """The drafter's ModelConfig with the placement rule applied: devices unset, more than one device to choose
-    from, and layers to offload -> the device of the target's head (CPU only when the head stays in host memory)."""
+    """The drafter's ModelConfig with the placement rule applied: devices unset, layers to offload, and more than one
+    device to choose from (two or more GPUs, or any remote device beside the CPU) -> the device of the target's head
+    (the CPU only when the head stays in host memory)."""
     drafter_config = drafter_config or ModelConfig()
     if drafter_config.devices is not None or drafter_config.n_gpu_layers == 0:
         return drafter_config
@@ -62,7 +63,8 @@ def drafter_config(target: str | os.PathLike, target_config: ModelConfig | None,
             from .rpc import add_servers
 
             add_servers(cfg.rpc, cfg.rpc_timeout)
-    if len(accelerators()) < 2:
-        return drafter_config
+    devices = accelerators()
+    if len(devices) < 2 and not any(d.startswith("RPC") for d in devices):
+        return drafter_config  # one GPU or none: every default already puts the drafter with the head
     head = head_device(target, target_config)
     return replace(drafter_config, devices=["none"] if head == "CPU" else [head])

@@ -173,6 +173,9 @@ def test_cli_rpc_server_refusals():
     assert r.returncode == 2 and "--expose" in r.stderr and "no authentication" in r.stderr
     r = subprocess.run(CLI + ["rpc-server", "-H", "my-host", "-p", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "IPv4" in r.stderr
+    r = subprocess.run(CLI + ["rpc-server", "-p", str(free_port()), "-d", "GPU7"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "unknown device GPU7" in r.stderr and "CPU" in r.stderr
 
 
 def test_server_answers_503_for_the_model_when_a_host_dies(two_servers, dense_pair, tmp_path):

@@ -78,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
         devices = [d.strip() for d in args.devices.split(",")]
         if not all(devices):
             raise ConfigError(f"-d {args.devices!r}: give device names separated by commas, e.g. CUDA0,CUDA1")
+        from ..buildinfo import info
+
+        here = [d["name"] for d in info()["devices"]]
+        unknown = [d for d in devices if d not in here]
+        if unknown:
+            raise ConfigError(f"-d: unknown device {', '.join(unknown)} (devices here: {', '.join(here)})")
         argv += ["-d", ",".join(devices)]
     if args.threads is not None:
         argv += ["-t", str(args.threads)]
