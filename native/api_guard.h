@@ -41,6 +41,11 @@ template <class Body> int32_t session_entry(pls_session * s, char * err, size_t 
 template <class Body> int32_t session_guarded(pls_session * s, char * err, size_t err_size, Body && body) {
     return session_entry(s, err, err_size, [&]() -> int32_t {
         session_call call(*s);
+        // a session on a remote device that went away is unusable: refused before it touches the device
+        check_remote(s->target->model);
+        if (s->drafter != nullptr) {
+            check_remote(s->drafter->model);
+        }
         return body();
     });
 }

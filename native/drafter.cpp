@@ -20,6 +20,7 @@ namespace {
 
 void decode_dft(pls_session & s, const char * what) {
     const int32_t rc = llama_process(s.ctx_dft.get(), LLAMA_PROCESS_TYPE_DECODE, s.batch_dft.get());
+    check_remote(llama_get_model(s.ctx_dft.get()));
     if (rc != 0) {
         const std::string why = take_last_error();
         fail(PLS_ERR_DECODE, std::string("draft model ") + what + " failed (llama_process returned " + std::to_string(rc) +
@@ -122,6 +123,7 @@ void draft_model_first(pls_session & s, const std::vector<stream_state *> & draf
     // the device finishing the decode (on a GPU the call only queued it): the wait belongs to this decode's cost,
     // not to whatever synchronises next (the sampling below, after the clock has moved on)
     llama_synchronize(s.ctx_dft.get());
+    check_remote(llama_get_model(s.ctx_dft.get()));
 }
 
 // One token per decode for every stream still drafting; each stops at its k or below p_min.
@@ -161,6 +163,7 @@ void draft_model_rest(pls_session & s, const std::vector<stream_state *> & draft
         }
         decode_dft(s, "draft");
         llama_synchronize(ctx);
+        check_remote(llama_get_model(ctx));
         tm.draft_rest_ms += (now_us() - t1) / 1000.0;
         tm.draft_iters++;
     }

@@ -79,6 +79,7 @@ void finish_stream(stream_state & st, int32_t why) {
 
 void decode_or_throw(llama_context * ctx, common_batch & batch, const char * what) {
     const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    check_remote(llama_get_model(ctx));  // a remote device that went away: its replies were zeros, not logits
     if (rc != 0) {
         const std::string why = take_last_error();
         fail(PLS_ERR_DECODE, std::string(what) + " failed (llama_process returned " + std::to_string(rc) + ")" +
@@ -364,6 +365,9 @@ void engine_draft(pls_session & s, const std::vector<int32_t> & k, step_timing &
         return;  // no call: a step without a draft costs the engine's drafters nothing
     }
     common_speculative_draft(s.spec);
+    if (s.ctx_dft) {
+        check_remote(llama_get_model(s.ctx_dft.get()));  // the engine's drafters decode on their own
+    }
     for (auto & st : s.streams) {
         if (st.active && !st.replay && k[st.seq] > 0 && (int32_t) st.draft.size() > k[st.seq]) {
             st.draft.resize(k[st.seq]);
@@ -569,7 +573,11 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
         llama_tokens ids;
         const size_t n_check = refuse ? 0 : n_draft;
         for (size_t i = 0; i <= n_check; ++i) {
-            const llama_token id = argmax(llama_get_logits_ith(ctx, idxs[i]), s.n_vocab);
+            float * logits = llama_get_logits_ith(ctx, idxs[i]);
+            for (llama_token t : s.eog_tokens) {
+                logits[t] = -INFINITY;  // ignore_eos: what the sampler's logit bias would do
+            }
+            const llama_token id = argmax(logits, s.n_vocab);
             common_sampler_accept(smpl, id, true);
             ids.push_back(id);
             if (i == n_check || id != st.draft[i]) {
@@ -860,6 +868,7 @@ int32_t verify_batch(pls_session & s, std::vector<llama_tokens> & ids, std::vect
     // the device finishing the batch (on a GPU the decode call only queued it)
     const int64_t t_sync0 = now_us();
     llama_synchronize(ctx_tgt);
+    check_remote(llama_get_model(ctx_tgt));
     const int64_t t2 = now_us();
     s.stats.t_sync_ms += (t2 - t_sync0) / 1000.0;
     s.stats.t_verify_ms += (t2 - t0) / 1000.0 - (s.process_every_batch ? (t_sync0 - t1) / 1000.0 : 0.0);

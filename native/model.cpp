@@ -198,8 +198,15 @@ extern "C" int32_t pls_model_load(const pls_model_params * p, pls_model ** out, 
         m->model = llama_model_load_from_file(p->path, lp.mp);
         if (m->model == nullptr) {
             const std::string why = pls::take_last_error();
+            pls::check_remote_servers();  // a remote device that failed while loading: PLS_ERR_REMOTE, naming it
             pls::fail(PLS_ERR_LOAD, std::string("failed to load '") + p->path + "'" +
                                     (why.empty() ? std::string(" (truncated, corrupt or of an unsupported architecture)") : ": " + why));
+        }
+        try {
+            pls::check_remote(m->model);  // loaded onto a host that went away meanwhile
+        } catch (...) {
+            llama_model_free(m->model);
+            throw;
         }
         *out = m.release();
         return PLS_OK;

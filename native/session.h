@@ -120,6 +120,7 @@ struct pls_session {
     int32_t n_vocab = 0;
     int32_t n_vocab_dft = 0;               // the draft model's vocabulary (may be smaller than the target's)
     bool greedy = false;                   // temperature 0 and nothing else to apply: verify by argmax
+    std::vector<llama_token> eog_tokens;   // masked before every argmax (ignore_eos); empty otherwise
     std::string draft_device = "none";
     int32_t drafter_kind = pls::DRAFTER_NONE;
     bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself

@@ -296,3 +296,14 @@ extern "C" int32_t pls_session_import_costs(pls_session * s, const pls_cost_poin
         return PLS_OK;
     });
 }
+
+extern "C" int32_t pls_session_health(pls_session * s, char * err, size_t err_size) {
+    // beside a call in flight: reads only what the RPC client recorded about the session's devices
+    return session_entry(s, err, err_size, [&]() -> int32_t {
+        check_remote(s->target->model);
+        if (s->drafter != nullptr) {
+            check_remote(s->drafter->model);
+        }
+        return PLS_OK;
+    });
+}

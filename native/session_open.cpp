@@ -369,6 +369,17 @@ void setup_own_draft_model(pls_session & s) {
 
 void setup_drafting(pls_session & s) {
     s.greedy = greedy_sampling(s);
+    if (s.params.sampling.ignore_eos) {
+        // as llama.cpp's --ignore-eos: every end-of-generation token biased to -inf, in the sampler chain and in
+        // the argmax of greedy verification (which masks them itself, so it keeps its fast path)
+        const llama_vocab * vocab = llama_model_get_vocab(s.target->model);
+        for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+            if (llama_vocab_is_eog(vocab, t)) {
+                s.params.sampling.logit_bias.push_back({ t, -INFINITY });
+                s.eog_tokens.push_back(t);
+            }
+        }
+    }
     set_drafter_kind(s);
     setup_synthetic_acceptance(s);
     if (s.own_draft_model) {

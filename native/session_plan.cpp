@@ -91,6 +91,7 @@ common_params session_common_params(const pls_session_params & p) {
     c.sampling.top_p = p.top_p;
     c.sampling.min_p = p.min_p;
     c.sampling.seed = p.seed;
+    c.sampling.ignore_eos = p.ignore_eos != 0;
 
     auto & sp = c.speculative;
     sp.types.clear();

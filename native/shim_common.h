@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 10
+#define PLS_ABI_VERSION 11
 
 struct pls_model {
     llama_model * model = nullptr;
@@ -65,6 +65,12 @@ int32_t copy_out(const std::string & s, char * buf, int32_t buf_size);
 std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only);
 
 std::string device_name(ggml_backend_dev_t dev);
+
+// remote devices (rpc.cpp): throws status_error(PLS_ERR_REMOTE) naming the host when a remote device the model uses
+// has failed; free when no rpc-server was added
+void check_remote(const llama_model * model);
+// the same for every rpc-server added (a load that failed cannot say which devices it used)
+void check_remote_servers();
 
 // llama_model_params from our POD params, with the storage they point into (device list, split, overrides)
 struct model_load_params {

@@ -31,7 +31,14 @@ def info() -> dict:
         "build_type": build["build_type"],
         "ggml_native": build["ggml_native"].upper() in ("ON", "TRUE", "1"),
         "library_dir": str(_native.lib_dir()),
+        "rpc_servers": _rpc_servers(),
     }
+
+
+def _rpc_servers() -> list[dict]:
+    from .rpc import servers
+
+    return servers()
 
 
 def format_info(d: dict) -> str:
@@ -47,4 +54,7 @@ def format_info(d: dict) -> str:
     for dev in d["devices"]:
         mem = f"{dev['free_bytes'] / gib:.1f}/{dev['total_bytes'] / gib:.1f} GiB free" if dev["total_bytes"] else ""
         lines.append(f"  {dev['name']:<8} {dev['type']:<5} {dev['description']}  {mem}".rstrip())
+    for s in d.get("rpc_servers", []):
+        state = f"failed: {s['error']}" if s["failed"] else "connected"
+        lines.append(f"rpc-server   {s['endpoint']} ({', '.join(s['devices'])}): {state}")
     return "\n".join(lines)

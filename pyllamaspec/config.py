@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
@@ -95,6 +96,57 @@ def _string_list(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
     return out or None
 
 
+# -- remote devices (rpc-servers): endpoints as --rpc and ModelConfig.rpc take them ---------------------------------
+RPC_DEFAULT_PORT = 50052          # upstream rpc-server's
+_RPC_HOST = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def parse_rpc_endpoint(text: Any) -> str:
+    """'HOST:PORT' (a host name or IPv4 address and a port 1..65535) as given, stripped; ConfigError otherwise."""
+    if not isinstance(text, str):
+        raise ConfigTypeError(f"an RPC server is a 'HOST:PORT' string, not {type(text).__name__}")
+    e = text.strip()
+    host, sep, port = e.rpartition(":")
+    if not sep or not host or not port:
+        raise ConfigError(f"RPC server '{text}' is not of the form HOST:PORT (e.g. 127.0.0.1:{RPC_DEFAULT_PORT})")
+    if not _RPC_HOST.match(host):
+        ipv6 = ":" in host or "[" in host
+        raise ConfigError(f"RPC server '{text}': '{host}' is not a host name or IPv4 address"
+                          + (" (the RPC transport speaks IPv4 only)" if ipv6 else ""))
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"RPC server '{text}': port '{port}' is not a number within 1..65535")
+    return f"{host}:{int(port)}"
+
+
+def parse_rpc_endpoints(value: Any, owner: str = "rpc") -> tuple[str, ...] | None:
+    """None, 'HOST:PORT,HOST:PORT' or a sequence of 'HOST:PORT' -> a tuple of endpoints without repeats, or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = value.split(",")
+        if any(not item.strip() for item in items):
+            raise ConfigError(f"{owner}={value!r} has an empty entry; give HOST:PORT,HOST:PORT")
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        items = list(value)
+    else:
+        raise ConfigTypeError(f"{owner}={value!r} must be 'HOST:PORT,...' or a list of 'HOST:PORT' strings")
+    out: list[str] = []
+    for item in items:
+        e = parse_rpc_endpoint(item)
+        if e not in out:
+            out.append(e)
+    return tuple(out) or None
+
+
+def check_rpc_timeout(value: Any, owner: str = "rpc_timeout") -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigTypeError(f"{owner}={value!r} must be a number of seconds")
+    if not math.isfinite(value) or not 0.001 <= value <= 3600:
+        raise ConfigError(f"{owner}={value!r} must be within 0.001..3600 seconds")
+    return float(value)
+
+
+
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """'draft-simple,ngram-mod' or a list -> validated llama.cpp names ('none' alone means plain decoding)."""
     if value is None:
@@ -140,9 +192,13 @@ class ModelConfig:
     n_cpu_moe: int = 0
     load_mtp: bool | None = None      # None: when the GGUF has NextN (MTP) layers
     use_mmap: bool = True
+    rpc: Sequence[str] | str | None = None  # rpc-servers ("HOST:PORT"): their devices join placement (--rpc)
+    rpc_timeout: float = 5.0          # seconds to connect to each rpc-server and hear its handshake
 
     def __post_init__(self) -> None:
         owner = "ModelConfig"
+        self.rpc = parse_rpc_endpoints(self.rpc, f"{owner}.rpc")
+        self.rpc_timeout = check_rpc_timeout(self.rpc_timeout, f"{owner}.rpc_timeout")
         _check_int(owner, "n_gpu_layers", self.n_gpu_layers, -1, hint=" (-1: all layers, 0: CPU only)")
         _check_choice(owner, "split_mode", self.split_mode, tuple(SPLIT_MODES))
         self.split_mode = self.split_mode.lower()
@@ -345,6 +401,7 @@ class SessionConfig:
     ngram_mod_n_max: int = 0
     margins: bool = False           # per-token target top-1/top-2 logit margin
     force_reject: bool = False      # reject every draft (cost of speculating at zero acceptance)
+    ignore_eos: bool = False        # never sample an end-of-generation token (llama.cpp's --ignore-eos)
     adaptive: bool = True           # choose the draft length per step and stream (0..n_max) from measured costs
     draft_schedule: Sequence[int] | None = None  # adaptive off: a fixed cycle of draft lengths (0 = a plain step)
     # adaptive: start from the costs an earlier session of the same setup measured on this machine, and keep what
@@ -381,7 +438,7 @@ class SessionConfig:
         _check_bool(owner, "flash_attn", self.flash_attn, optional=True)
         if self.n_rs_seq is not None:
             _check_int(owner, "n_rs_seq", self.n_rs_seq, 0, MAX_DRAFT)
-        for name in ("draft_backend_sampling", "margins", "force_reject"):
+        for name in ("draft_backend_sampling", "margins", "force_reject", "ignore_eos"):
             _check_bool(owner, name, getattr(self, name))
         check_sequence_value("temp", self.temp, owner)
         # any int32 here; opening a session refuses what is outside 0..TOP_K_MAX

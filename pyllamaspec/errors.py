@@ -57,6 +57,12 @@ class GenerationError(PyllamaspecError):
     """The native loop failed while decoding, or the session cannot generate now (closed)."""
 
 
+class RemoteDeviceError(GenerationError):
+    """A remote device (an rpc-server) cannot be reached or does not answer, or went away while in use: the
+    message names the host. A session that used it is unusable from then on; the process and the sessions on other
+    devices go on."""
+
+
 class ForkedProcessError(GenerationError):
     """A model or session opened before os.fork() is used in the child process, where its native state
     (threads, device contexts) does not exist."""

@@ -57,8 +57,9 @@ class MemoryEstimate:
                     f"{headroom / MiB:.0f} MiB, but {host / MiB:.0f} MiB are available. Lower n_ctx or n_parallel, "
                     f"or quantize the KV cache (-ctk/-ctv q8_0); --no-memory-check skips this estimate")
         if short:
+            remote = _remote_labels() if any(d.name.startswith("RPC") for d in short) else {}
             lines = "; ".join(
-                f"{d.name} needs {d.need / MiB:.0f} MiB (weights {d.model / MiB:.0f}, KV+ring {d.context / MiB:.0f}, "
+                f"{remote.get(d.name, d.name)} needs {d.need / MiB:.0f} MiB (weights {d.model / MiB:.0f}, KV+ring {d.context / MiB:.0f}, "
                 f"compute {d.compute / MiB:.0f}) but has {d.free / MiB:.0f} MiB free" for d in short)
             raise MemoryBudgetError(
                 f"{lines}, and {headroom / MiB:.0f} MiB are kept free as a safety margin. Lower n_ctx, the draft length (the recurrent ring grows with it), the number of GPU "
@@ -125,6 +126,13 @@ def check_fits(target: str | os.PathLike, drafter: str | os.PathLike | None = No
     return estimate
 
 
+def _remote_labels() -> dict[str, str]:
+    """'RPC0' -> 'RPC0 (rpc-server HOST:PORT)' for the remote devices of this process."""
+    from .rpc import servers
+
+    return {dev: f"{dev} (rpc-server {s['endpoint']})" for s in servers() for dev in s["devices"]}
+
+
 def _host_available() -> int | None:
     """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
     try:
@@ -149,6 +157,11 @@ def estimate_memory(target: str | os.PathLike, drafter: str | os.PathLike | None
     if session_config.spec_types is None:
         types = detect_spec_types(read_summary(drafter)) if drafter is not None else ()
         session_config = session_config.replace(spec_types=types)
+    from .rpc import add_servers
+
+    for cfg in (target_config, drafter_config):
+        if cfg is not None and cfg.rpc:
+            add_servers(cfg.rpc, cfg.rpc_timeout)  # the remote devices' share is measured like a local device's
     tp, keep_t = native_model_params(ffi, Path(target), target_config or ModelConfig())
     dp, keep_d = (native_model_params(ffi, Path(drafter), drafter_config or ModelConfig())
                   if drafter is not None else (ffi.NULL, None))

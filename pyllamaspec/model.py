@@ -136,6 +136,10 @@ class Model:
         check_model_file(self.path)  # missing, a directory or a FIFO: refused before llama.cpp opens it
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
+        if self.config.rpc:
+            from .rpc import add_servers  # remote devices join the device list before placement reads it
+
+            add_servers(self.config.rpc, self.config.rpc_timeout)
         p, _keep = native_model_params(ffi, self.path, self.config)
         err = _native.ErrorBuffer(ffi)
         slot = ffi.new("pls_model **")

@@ -512,6 +512,26 @@ class SpecSession:
                           f"between two take_trace() calls", stacklevel=2)
         return steps
 
+    def health(self) -> str | None:
+        """None while the session can run; otherwise why not (a remote device it uses went away): it is then
+        unusable, and every generating call raises RemoteDeviceError. Safe beside a call in flight."""
+        from .errors import RemoteDeviceError
+
+        err = _native.ErrorBuffer(self._ffi)
+        with self._handle.use() as h:
+            rc = self._lib.pls_session_health(h, err.buf, err.SIZE)
+        if rc == 0:
+            return None
+        try:
+            _native.check(rc, err, RemoteDeviceError)
+        except RemoteDeviceError as e:
+            return str(e)
+        return None
+
+    @property
+    def usable(self) -> bool:
+        return self.health() is None
+
     def request_stop(self) -> None:
         """Any thread: end the generation that runs now (or is about to begin) after the step in flight.
         With no generation running it does nothing."""

@@ -130,6 +130,16 @@ def test_bad_switch_values_fail_naming_the_variable(tree):
            "-DGGML_NATIVE=OFF" in r.text
 
 
+def test_rpc_is_in_every_build(tree):
+    for env in ({"PYLLAMASPEC_BACKEND": "cpu"}, {"PYLLAMASPEC_BACKEND": "cuda"}, {"PYLLAMASPEC_BACKEND": "hip"}):
+        tree.configure(env=env, expect_ok=None)   # a GPU configure stops at its compiler; the switches are settled
+        assert is_on(tree.cache()["GGML_RPC"]), env
+    r = tree.configure("-DGGML_RPC=OFF", expect_ok=False)
+    assert "-DGGML_RPC=OFF: every pyllamaspec build has the RPC backend" in r.text
+    tree.configure()
+    assert is_on(tree.cache()["GGML_RPC"])
+
+
 def test_backend_does_not_stick_across_pip_builds(tree):
     tree.configure(env={"PYLLAMASPEC_BACKEND": "CUDA"}, expect_ok=None)   # stops at enable_language(CUDA)
     assert tree.cache()["GGML_CUDA"] == "ON"

@@ -110,9 +110,9 @@ CORE_RANKS = {
     "errors": 0, "paths": 0, "progress": 0,
     "_native": 1, "atomicfile": 1, "textfiles": 1, "templateguard": 1,
     "config": 2, "chat": 2,
-    "ggufinfo": 3, "grammar": 3,
+    "ggufinfo": 3, "grammar": 3, "rpc": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
-    "model": 5, "memory": 5,
+    "model": 5, "memory": 5, "placement": 5,
     "session": 6,
     "": 7,  # the package itself: the public names
 }
@@ -230,6 +230,7 @@ NATIVE_UNITS = [
     "shim_common",                                    # errors, logging, devices, model handles
     "info", "model", "chat_tools", "quantize",        # C API of build info, models, chat requests, the quantizer,
     "synth",                                          # synthetic models
+    "rpc", "placement",                               # remote devices (rpc-servers), where a placement puts the head
     "adaptive",                                       # the draft-length controller (no llama.cpp state)
     "sampling_ext",                                   # grammars, penalties, biases, log-probabilities
     "session_plan",                                   # a session's parameters and contexts, before any model

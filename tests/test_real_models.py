@@ -80,3 +80,31 @@ def test_generate_cli_json_on_the_default_pair(real_pair):
                 "accepted_per_position", "tokens_per_second", "t_verify_ms", "rollback_paths"):
         assert key in d["stats"]
     assert d["finish_reason"] in ("length", "eog") and d["text"]
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_ignore_eos_generates_past_the_end(models, spec):
+    """--ignore-eos as llama.cpp spells it: an answer that ends after a few tokens goes on for all n_predict, with no
+    end-of-generation token among them, plain and speculative alike; without it the same run ends there."""
+    target, drafter = models
+    prompt = _prompt(target, "Reply with the single word OK and nothing else.")
+    cfg = dict(spec_types=["draft-simple"] if spec else [], adaptive=False, n_max=4, n_ctx=512)
+    with SpecSession(target, drafter if spec else None, SessionConfig(**cfg)) as s:
+        ended = s.generate(prompt, 32)
+    assert ended.finish_reason == "eog" and len(ended.tokens) < 32
+    with SpecSession(target, drafter if spec else None, SessionConfig(ignore_eos=True, **cfg)) as s:
+        r = s.generate(prompt, 32)
+    assert r.finish_reason == "length" and len(r.tokens) == 32
+    assert r.tokens[:len(ended.tokens)] == ended.tokens
+    eog = {target.info.token_eos, target.info.token_eot} - {-1}
+    assert not eog & set(r.tokens)
+
+
+def test_generate_cli_ignore_eos(real_pair):
+    t, _ = real_pair
+    out = subprocess.run([*CLI, "generate", "-m", str(t), "--spec-type", "none", "-n", "24", "-t", "2", "--ignore-eos",
+                          "-p", "Reply with the single word OK and nothing else.", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["finish_reason"] == "length" and len(d["tokens"]) == 24

@@ -19,6 +19,9 @@
 #              tools/vendor.py verifies, without docs/, models/, tests/, examples/ and the ggml backends other than
 #              cpu and cuda - about 36 MB; tools/, vendor/ and scripts/ui-assets.cmake are needed)
 #   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients (needs both)
+#   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
+#              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
+#              backend (the build phase from a tree that has it: a package carried from before has no rpc-server)
 # Models and the build live under /tmp (kept while the machine stays warm); results go to $OUT. Each phase starts
 # with an empty cost cache (PYLLAMASPEC_COST_CACHE), so adaptive arms learn their costs within the run.
 set -uo pipefail
@@ -156,6 +159,37 @@ phase_serve() {
         PYTHON=python3 EXTRA="-ngl 99" NP=8 CTX=8192 THREADS=8 LEVELS=${LEVELS:-1,4,8} REQUESTS=${REQUESTS:-2} \
         MAX_TOKENS=${MAX_TOKENS:-128} ROUNDS=${ROUNDS:-5} OUT="$OUT/h200-serve-load.json" LOG_DIR="$OUT" \
         bash benchmarks/serve_load.sh
+}
+
+phase_rpc() {
+    phase_synth05 && phase_synth7 || return 1
+    [ -x $PKG/pyllamaspec/bin/ggml-rpc-server ] || { echo "no rpc-server in $PKG: run the build phase from this tree"; return 1; }
+    mkdir -p "$OUT/res"
+    local m="-m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf -ngl 99 --json --ignore-eos -n ${N:-256} -p 'Write quicksort in Python'"
+    local arms=("plain|--spec-type none" "n4|--spec-adaptive off --spec-draft-n-max 4" "adaptive|")
+    rpc_arms() {  # where extra-flags
+        local where=$1 extra=$2 a name flags r
+        for r in $(seq "${R:-3}"); do
+            for a in "${arms[@]}"; do
+                name=${a%%|*} flags=${a#*|}
+                eval python3 -P -m pyllamaspec.cli generate $m $flags $extra > "$OUT/res/rpc-$where-$name-$r.json" \
+                    2> "$OUT/res/rpc-$where-$name-$r.err" || { tail -5 "$OUT/res/rpc-$where-$name-$r.err"; return 1; }
+                python3 -c "import json,sys; d=json.load(open(sys.argv[1])); s=d['stats']; i=d['session']
+print(sys.argv[2], sys.argv[3], f\"{s['tokens_per_second']:.1f} tok/s AL {s['mean_accepted_length']:.2f}\", i['target_head_device'], i['draft_device'])" \
+                    "$OUT/res/rpc-$where-$name-$r.json" "$where" "$name"
+            done
+        done
+    }
+    rpc_arms local "" || return 1
+    python3 -P -m pyllamaspec.cli rpc-server -p 50052 -d CUDA0 > "$OUT/res/rpc-server.log" 2>&1 &
+    local srv=$! t=0
+    until python3 -c "import socket; socket.create_connection(('127.0.0.1', 50052), 1).close()" 2>/dev/null; do
+        sleep 1; t=$((t + 1)); [ $t -lt 60 ] || { kill $srv; echo "rpc-server did not listen"; return 1; }
+    done
+    rpc_arms rpc "--rpc 127.0.0.1:50052 -dev RPC0"
+    local rc=$?
+    kill $srv
+    return $rc
 }
 
 # one depth per call: a long prompt is processed once per generation

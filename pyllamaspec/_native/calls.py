@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, ForkedProcessError, GenerationError,
                       MemoryBudgetError, ModelLoadError, PairingError, PlacementError, PyllamaspecError,
-                      SessionBusyError)
+                      RemoteDeviceError, SessionBusyError)
 from .header import constants
 
 # what each status code of the C API means on the Python side: one table for every call
@@ -28,6 +28,7 @@ _STATUS_ERRORS = {
     "PLS_ERR_NO_TEMPLATE": ChatTemplateError,
     "PLS_ERR_TEMPLATE": ChatTemplateError,
     "PLS_ERR_MEMORY": MemoryBudgetError,
+    "PLS_ERR_REMOTE": RemoteDeviceError,
 }
 
 

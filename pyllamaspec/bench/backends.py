@@ -137,7 +137,16 @@ class PyllamaspecBackend:
         if self._target is None:
             self._target = self.api.Model(str(self.target_path), n_gpu_layers=self.n_gpu_layers,
                                           **self.target_options)
-            self._drafters = {label: self.api.Model(str(path), **self.drafter_options)
+            drafter_options = dict(self.drafter_options)
+            if self.target_options.get("rpc") and "devices" not in drafter_options:
+                # remote devices: the drafter goes where the target's head is, as generate and serve place it
+                from ..config import ModelConfig
+                from ..placement import drafter_config
+
+                target_cfg = ModelConfig(n_gpu_layers=self.n_gpu_layers, **self.target_options)
+                drafter_options["devices"] = drafter_config(self.target_path, target_cfg,
+                                                            ModelConfig(**drafter_options)).devices
+            self._drafters = {label: self.api.Model(str(path), **drafter_options)
                               for label, path in self.drafter_paths.items()}
         return self._target
 

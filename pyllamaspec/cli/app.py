@@ -38,14 +38,14 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, convert, download, generate, info, inspect, quantize, serve, synth
+    from . import bench, convert, download, generate, info, inspect, quantize, rpc_server, serve, synth
 
     ap = Parser(prog=PROG, description="Fast, exact speculative decoding of GGUF models")
     ap.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     ap.add_argument("-v", "--verbose", action="count", default=0,
                     help="llama.cpp logs on stderr: -v warnings, -vv info, -vvv debug (default: errors only)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, info, inspect, convert, quantize, download, synth, bench, serve):
+    for command in (generate, info, inspect, convert, quantize, download, synth, bench, serve, rpc_server):
         command.register(sub)
     return ap
 

@@ -50,7 +50,12 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-dev", "--device", dest="devices", type=csv_strings, default=None, metavar="DEV[,DEV...]",
                    help="devices for the target, e.g. CUDA0; 'none': CPU only (default: every device)")
     g.add_argument("-devd", "--spec-draft-device", "--device-draft", dest="devices_draft", type=csv_strings,
-                   default=None, metavar="DEV[,DEV...]", help="devices for the drafter (default: every device)")
+                   default=None, metavar="DEV[,DEV...]",
+                   help="devices for the drafter (default: with more than one device, the one holding the target's "
+                        "output layer; otherwise every device)")
+    g.add_argument("--rpc", dest="rpc", default=None, metavar="HOST:PORT[,...]",
+                   help="rpc-servers (pyllamaspec rpc-server) whose devices join placement as RPC0, RPC1, ... in "
+                        "this order; -dev/-ts place layers on them (default: none)")
     g.add_argument("-sm", "--split-mode", dest="split_mode", choices=list(SPLIT_MODES), default=None,
                    help=f"how the target is split across GPUs (default: {_shown(ModelConfig, 'split_mode')})")
     g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=csv_floats, default=None, metavar="P[,P...]",
@@ -72,9 +77,9 @@ def model_configs(args: argparse.Namespace) -> tuple[ModelConfig, ModelConfig]:
     -ngld is given; --no-mmap applies to both."""
     target = _given(args, {"n_gpu_layers": "n_gpu_layers", "devices": "devices", "split_mode": "split_mode",
                            "tensor_split": "tensor_split", "tensor_overrides": "tensor_overrides",
-                           "n_cpu_moe": "n_cpu_moe", "use_mmap": "use_mmap"})
+                           "n_cpu_moe": "n_cpu_moe", "use_mmap": "use_mmap", "rpc": "rpc"})
     drafter = _given(args, {"n_gpu_layers_draft": "n_gpu_layers", "devices_draft": "devices",
-                            "tensor_overrides_draft": "tensor_overrides", "use_mmap": "use_mmap"})
+                            "tensor_overrides_draft": "tensor_overrides", "use_mmap": "use_mmap", "rpc": "rpc"})
     if "n_gpu_layers" not in drafter and "n_gpu_layers" in target:
         drafter["n_gpu_layers"] = target["n_gpu_layers"]
     return ModelConfig(**target), ModelConfig(**drafter)

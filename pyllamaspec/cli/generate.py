@@ -45,6 +45,9 @@ def register(sub) -> None:
                    help="a prompt read from a UTF-8 text file; repeatable, mixes with -p in order (default: none)")
     g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
                    help="tokens to generate per prompt (default: %(default)s)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="never end at an end-of-generation token: generate exactly -n tokens, as llama.cpp's "
+                        "--ignore-eos (default: stop at one)")
     g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="streams decoded together; n_ctx is shared among them (default: one per prompt)")
     add_memory_check_flag(g)
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     template, thinking = chat_settings(args)
     if args.raw and (thinking is not None or template is not None):
         raise ConfigError("--reasoning and --chat-template act through the chat template; drop --raw")
-    target, drafter, session = open_session(args, margins=args.json)
+    target, drafter, session = open_session(args, margins=args.json, ignore_eos=args.ignore_eos)
     with session:
         if not args.raw and (template is not None or target.chat_template):
             prompts = [_chat_prompt(target, p, template, thinking) for p in prompts]

@@ -87,6 +87,11 @@ def open_session(args: argparse.Namespace, margins: bool = False, **overrides):
     if drafter_path is None and types is None:
         warn("decoding without speculation: no drafter and no n-gram type. Add -md DRAFTER, or "
              "--spec-type ngram-mod to draft from the text itself.")
+    if drafter_path is not None:
+        # with several devices, the drafter goes where the target's head is unless -devd says otherwise
+        from ..placement import drafter_config
+
+        drafter_cfg = drafter_config(target_path, target_cfg, drafter_cfg)
     if not args.no_memory_check:
         # refuse with numbers before anything is allocated
         check_fits(target_path, drafter_path, target_config=target_cfg, drafter_config=drafter_cfg,

@@ -43,7 +43,8 @@ typedef enum pls_status {
     PLS_ERR_DECODE = -8,            /* llama.cpp failed while decoding */
     PLS_ERR_NO_TEMPLATE = -9,       /* the model has no chat template */
     PLS_ERR_TEMPLATE = -10,         /* the chat template cannot be applied */
-    PLS_ERR_MEMORY = -11            /* an allocation failed (host or device memory) */
+    PLS_ERR_MEMORY = -11,           /* an allocation failed (host or device memory) */
+    PLS_ERR_REMOTE = -12            /* a remote device (an rpc-server) cannot be reached, does not answer, or went away */
 } pls_status;
 
 /* ---- library ---------------------------------------------------------------------------- */
@@ -227,6 +228,8 @@ typedef struct pls_session_params {
     uint32_t synth_seed;
     /* steps recorded for pls_take_trace (0: none; at most PLS_MAX_TRACE; beyond, steps are counted, not kept) */
     int32_t  trace_steps;
+    /* never sample an end-of-generation token (llama.cpp's --ignore-eos: their logits are biased to -inf) */
+    int32_t  ignore_eos;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -649,6 +652,24 @@ int32_t pls_seq_add_sampling(pls_session * session, const int32_t * prompt, int3
  * in the order of its tokens, for a sequence whose n_probs >= 0; returns how many there are (at most capacity
  * are written), or a negative pls_status. Read after the step and before the next. */
 int32_t pls_step_logprobs(pls_session * session, int32_t stream, pls_token_logprob * out, int32_t capacity);
+
+/* ---- remote devices (ggml RPC) ----------------------------------------------------------- */
+
+/* Connect to rpc-servers ("HOST:PORT,HOST:PORT", IPv4) and add their devices (RPC0, RPC1, ... in the order given) to
+ * the process's device list, after the local ones; placement (devices, tensor split) and the memory estimate see
+ * them like local ones. An endpoint added before is not connected again. timeout_ms (1..3600000) bounds connecting
+ * to each host and its handshake. Returns a pls_status: PLS_ERR_INVALID for a malformed list, PLS_ERR_REMOTE naming
+ * a host that cannot be reached or does not answer (those before it stay added). A session on a model that uses a
+ * remote device that failed later (the host went away) fails every call with PLS_ERR_REMOTE: it is unusable. */
+int32_t pls_rpc_add_servers(const char * endpoints, int32_t timeout_ms, char * err, size_t err_size);
+/* JSON text: [{"endpoint": "...", "devices": ["RPC0"], "failed": false, "error": ""}, ...] for the servers added.
+ * Returns its length, or -(needed) when buf is too small. */
+int32_t pls_rpc_servers_json(char * buf, int32_t buf_size);
+/* Whether a session can still run: PLS_OK, or PLS_ERR_REMOTE with the failed remote device named. */
+int32_t pls_session_health(pls_session * session, char * err, size_t err_size);
+/* The device a model of these parameters would hold its output layer (LM head) on ("CPU" for host memory), found by
+ * upstream's loader without allocating anything. Returns a pls_status. */
+int32_t pls_plan_head_device(const pls_model_params * params, char * out, int32_t out_size, char * err, size_t err_size);
 
 /* PLS_CDEF_END */
 

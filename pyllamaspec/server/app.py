@@ -163,6 +163,8 @@ class ServerState:
             raise shutdown_error()
         if status == "failed" or engine is None:
             raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
+        if engine.unusable is not None:
+            raise APIError(503, engine.unusable, "unavailable_error")
         return engine
 
     def template_caps(self) -> dict:
@@ -295,7 +297,7 @@ def _job_error(failed: JobFailed) -> APIError:
         return APIError(400, failed.message, param=failed.param)
     if failed.kind == "shutdown":
         return shutdown_error()
-    if failed.kind == "no_slot":
+    if failed.kind in ("no_slot", "unavailable"):
         return APIError(503, failed.message, "unavailable_error")
     return APIError(500, failed.message, "server_error")
 
@@ -574,7 +576,9 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
-        body, status = health_body(state.status)
+        engine = state.engine
+        unusable = engine.unusable if state.status == "ready" and engine is not None else None
+        body, status = health_body(unusable or state.status)
         return JSONResponse(body, status_code=status) if status != 200 else body
 
     @app.get("/v1/models")

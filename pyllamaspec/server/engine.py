@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import SequenceParams
-from ..errors import ConfigError, ContextOverflowError, PyllamaspecError, SessionBusyError
+from ..errors import ConfigError, ContextOverflowError, PyllamaspecError, RemoteDeviceError, SessionBusyError
 
 log = logging.getLogger("pyllamaspec.server")
 
@@ -48,7 +48,8 @@ class EngineDraining(PyllamaspecError):
 @dataclass(frozen=True)
 class JobFailed:
     """A job ended without a result. kind: 'invalid' (a setting or the prompt, named by param), 'context' (the
-    prompt does not fit), 'shutdown', 'no_slot', or 'internal'."""
+    prompt does not fit), 'shutdown', 'no_slot', 'unavailable' (a remote device of the model went away: the model is
+    unusable), or 'internal'."""
 
     kind: str
     message: str
@@ -174,6 +175,7 @@ class Engine:
         self._running: dict[int, Job] = {}     # slot -> job; a slot is held until the session reports its end
         self._cancels: list[Job] = []
         self._draining = False
+        self.unusable: str | None = None       # why the model cannot run any more (a remote device went away)
         self._pieces: dict[int, bytes] = {}
         self._step_s = 0.0           # how long the last step took
         self._thread = threading.Thread(target=self._run, name="pyllamaspec-engine", daemon=True)
@@ -287,8 +289,15 @@ class Engine:
         if self._draining:
             self._fail(job, _shutdown_error(), "shutdown")
             return
+        if self.unusable is not None:
+            self._fail(job, JobFailed("unavailable", self.unusable), "error")
+            return
         try:
             slot = self.session.submit_params(job.tokens, job.params)
+        except RemoteDeviceError as e:
+            self._unusable(e)
+            self._fail(job, JobFailed("unavailable", self.unusable), "error")
+            return
         except ContextOverflowError as e:
             self._fail(job, JobFailed("context", str(e), job.prompt_param), "error")
             return
@@ -323,6 +332,11 @@ class Engine:
         try:
             events, _left = self.session.step_sequences()
             self._step_s = time.perf_counter() - t0
+        except RemoteDeviceError as e:
+            # the model cannot run any more: every job ends with 503, and so does every request after
+            self._unusable(e)
+            self._abort_all(JobFailed("unavailable", self.unusable), slots_freed=True)
+            return
         except PyllamaspecError as e:
             # a failed step ends every sequence and frees every slot
             log.error("generation failed: %s", e)
@@ -446,6 +460,10 @@ class Engine:
     def _count_finished(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.finished.labels(finish_reason=reason).inc()
+
+    def _unusable(self, e: RemoteDeviceError) -> None:
+        log.error("the model is unusable: %s", e)
+        self.unusable = f"the model is unusable: {e}"
 
     def _abort_all(self, err: JobFailed, slots_freed: bool) -> None:
         """Fail every running job. When the session still holds their sequences, cancel them: the slots free
