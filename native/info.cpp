@@ -3,33 +3,12 @@
 
 #include <sstream>
 
-namespace {
-
-std::string json_escape(const std::string & s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-            o += c;
-        } else if ((unsigned char) c < 0x20) {
-            char b[8];
-            snprintf(b, sizeof(b), "\\u%04x", c);
-            o += b;
-        } else {
-            o += c;
-        }
-    }
-    return o;
-}
-
-}  // namespace
-
 extern "C" int32_t pls_system_info_json(char * buf, int32_t buf_size) {
     pls::ensure_init();
     std::ostringstream o;
     o << "{\"registries\":[";
     for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
-        o << (i ? "," : "") << "\"" << json_escape(ggml_backend_reg_name(ggml_backend_reg_get(i))) << "\"";
+        o << (i ? "," : "") << "\"" << pls::json_escape(ggml_backend_reg_name(ggml_backend_reg_get(i))) << "\"";
     }
     o << "],\"devices\":[";
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -44,10 +23,10 @@ extern "C" int32_t pls_system_info_json(char * buf, int32_t buf_size) {
             case GGML_BACKEND_DEVICE_TYPE_ACCEL: type = "accel"; break;
             default: break;
         }
-        o << (i ? "," : "") << "{\"name\":\"" << json_escape(ggml_backend_dev_name(d)) << "\",\"description\":\""
-          << json_escape(ggml_backend_dev_description(d)) << "\",\"type\":\"" << type << "\",\"free_bytes\":" << free
+        o << (i ? "," : "") << "{\"name\":\"" << pls::json_escape(ggml_backend_dev_name(d)) << "\",\"description\":\""
+          << pls::json_escape(ggml_backend_dev_description(d)) << "\",\"type\":\"" << type << "\",\"free_bytes\":" << free
           << ",\"total_bytes\":" << total << "}";
     }
-    o << "],\"system_info\":\"" << json_escape(llama_print_system_info()) << "\"}";
+    o << "],\"system_info\":\"" << pls::json_escape(llama_print_system_info()) << "\"}";
     return pls::copy_out(o.str(), buf, buf_size);
 }

@@ -73,23 +73,6 @@ void check_endpoint(const std::string & e) {
     }
 }
 
-std::string json_escape(const std::string & s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-            o += c;
-        } else if ((unsigned char) c < 0x20) {
-            char b[8];
-            snprintf(b, sizeof(b), "\\u%04x", c);
-            o += b;
-        } else {
-            o += c;
-        }
-    }
-    return o;
-}
-
 }  // namespace
 
 namespace pls {
@@ -189,11 +172,11 @@ extern "C" int32_t pls_rpc_servers_json(char * buf, int32_t buf_size) {
         const auto & s = g_servers[i];
         char why[512] = {0};
         const bool failed = rpc().endpoint_failed != nullptr && rpc().endpoint_failed(s.endpoint.c_str(), why, sizeof(why));
-        o << (i ? "," : "") << "{\"endpoint\":\"" << json_escape(s.endpoint) << "\",\"devices\":[";
+        o << (i ? "," : "") << "{\"endpoint\":\"" << pls::json_escape(s.endpoint) << "\",\"devices\":[";
         for (size_t k = 0; k < s.devices.size(); ++k) {
-            o << (k ? "," : "") << "\"" << json_escape(s.devices[k]) << "\"";
+            o << (k ? "," : "") << "\"" << pls::json_escape(s.devices[k]) << "\"";
         }
-        o << "],\"failed\":" << (failed ? "true" : "false") << ",\"error\":\"" << json_escape(why) << "\"}";
+        o << "],\"failed\":" << (failed ? "true" : "false") << ",\"error\":\"" << pls::json_escape(why) << "\"}";
     }
     o << "]";
     return pls::copy_out(o.str(), buf, buf_size);

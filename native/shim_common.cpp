@@ -177,6 +177,23 @@ std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only
     return out;
 }
 
+std::string json_escape(const std::string & s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            o += '\\';
+            o += c;
+        } else if ((unsigned char) c < 0x20) {
+            char b[8];
+            snprintf(b, sizeof(b), "\\u%04x", c);
+            o += b;
+        } else {
+            o += c;
+        }
+    }
+    return o;
+}
+
 }  // namespace pls
 
 extern "C" void pls_set_log_level(int32_t level) {

@@ -66,6 +66,9 @@ std::vector<ggml_backend_dev_t> parse_devices(const char * spec, bool * cpu_only
 
 std::string device_name(ggml_backend_dev_t dev);
 
+// text as the inside of a JSON string (quotes, backslashes and control characters escaped)
+std::string json_escape(const std::string & s);
+
 // remote devices (rpc.cpp): throws status_error(PLS_ERR_REMOTE) naming the host when a remote device the model uses
 // has failed; free when no rpc-server was added
 void check_remote(const llama_model * model);
