@@ -38,6 +38,8 @@ constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (
 constexpr int32_t SWITCH_STEPS = 8;        // a stream turned on by a probe is expected to draft this long, at least
 constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its cold runs: on a GPU an eager one, then a capture
 constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
+constexpr double STALL_STEP = 0.125;      // the most one dear run raises a learnt cost by (a share of it)
+constexpr double COLD_MAX = 4.0;          // a one-off run's extra beyond this many steady runs of its size is a stall
 
 }  // namespace
 
@@ -78,6 +80,7 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.count.insert(b.count.begin() + i, 1);
         b.capped.insert(b.capped.begin() + i, capped ? 1 : 0);
         b.steady.insert(b.steady.begin() + i, steady ? 1 : 0);
+        b.stale.insert(b.stale.begin() + i, 0);
     } else if (b.steady[i] && !steady) {
         return;  // measured in steady runs: a one-off run's extra cost is not this size's
     } else if (!b.steady[i] && steady) {
@@ -88,6 +91,14 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.count[i]++;
         b.capped[i] = 0;
         b.steady[i] = 1;
+        b.stale[i] = 0;
+    } else if (b.stale[i] && steady) {
+        // another session's cost (another time, another load on the machine): this session's first steady run says
+        // what the size costs now - a dearer run within a stall's step of it, so one stalled run does not set it
+        double & cell = b.ms[i];
+        cell = std::min(ms, cell * (1.0 + STALL_STEP / EMA));
+        b.count[i]++;
+        b.stale[i] = 0;
     } else {
         // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
         double & cell = b.ms[i];
@@ -97,7 +108,8 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
             cell = b.capped[i] ? ms : std::min(cell, ms);
             b.capped[i] = 0;
         } else {
-            const double x = std::clamp(ms, cell / 3.0, cell * 3.0);
+            // a stall is one-sided: a run far dearer than the size's cost moves it by at most STALL_STEP of itself
+            const double x = std::clamp(ms, cell / 3.0, cell * (1.0 + STALL_STEP / EMA));
             cell += EMA * (x - cell);
         }
     }
@@ -146,13 +158,18 @@ void cost_table::rebuild(bucket_data & b) {
     }
 }
 
-void cost_table::export_points(int32_t table, std::vector<cost_point> & out) const {
+void cost_table::export_points(int32_t table, std::vector<cost_point> & out, const bool * one_off_steady) const {
     for (int32_t bk = 0; bk < N_BUCKETS; ++bk) {
         const bucket_data & b = b_[bk];
+        const bool as_steady = one_off_steady != nullptr && one_off_steady[bk];
         for (size_t j = 0; j < b.keys.size(); ++j) {
             if (b.count[j] >= 2 || !b.capped[j]) {  // a capped first run says little but that it was dear
-                // a size measured only in one-off runs goes as seen once: the next session's runs replace it
-                out.push_back({ table, bk, b.keys[j], b.steady[j] ? std::max(b.count[j], 2) : 1, b.eff[j] });
+                // a size measured only in one-off runs goes as seen once: the next session's runs replace it - but
+                // where one-off runs cost what steady ones do (a CPU's), as measured: a size that only probes reach
+                // is never run three times in a row, and measuring it again at every session would cost a long
+                // draft, and a draft model's catch-up of the whole prompt, each time
+                const bool steady = b.steady[j] || as_steady;
+                out.push_back({ table, bk, b.keys[j], steady ? std::max(b.count[j], 2) : 1, b.eff[j] });
             }
         }
     }
@@ -173,11 +190,13 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.count.insert(b.count.begin() + i, count);
         b.capped.insert(b.capped.begin() + i, 0);
         b.steady.insert(b.steady.begin() + i, count >= 2 ? 1 : 0);
+        b.stale.insert(b.stale.begin() + i, 1);
     } else {
         b.ms[i] = ms;
         b.count[i] = count;
         b.capped[i] = 0;
         b.steady[i] = count >= 2 ? 1 : 0;
+        b.stale[i] = 1;
     }
     b.n_seen += count;
     rebuild(b);
@@ -879,7 +898,11 @@ bool controller::worth_drafting(int32_t depth) const {
 
 std::vector<cost_point> controller::export_costs() const {
     std::vector<cost_point> out;
-    target_.export_points(COST_TARGET, out);
+    bool one_off_steady[cost_table::N_BUCKETS];
+    for (int32_t b = 0; b < cost_table::N_BUCKETS; ++b) {
+        one_off_steady[b] = once_is_enough(b);
+    }
+    target_.export_points(COST_TARGET, out, one_off_steady);
     draft_first_.export_points(COST_DRAFT_FIRST, out);
     draft_rest_.export_points(COST_DRAFT_REST, out);
     draft_call_.export_points(COST_DRAFT_CALL, out);
@@ -898,7 +921,12 @@ std::vector<cost_point> controller::export_costs() const {
 void controller::import_costs(const std::vector<cost_point> & pts) {
     for (const cost_point & c : pts) {
         switch (c.table) {
-            case COST_TARGET: target_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_TARGET:
+                target_.import_point(c.bucket, c.n_tokens, c.count, c.ms);
+                // the first steps run plain: a steady run of them prices plain decoding as the machine runs now,
+                // which every choice is weighed against (another session's price may come from a busier or an idler time)
+                plain_owed_ = STEADY_RUN;
+                break;
             case COST_DRAFT_FIRST: draft_first_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
             case COST_DRAFT_REST: draft_rest_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
             case COST_DRAFT_CALL: draft_call_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
@@ -923,6 +951,10 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
             default: break;
         }
     }
+}
+
+bool controller::once_is_enough(int32_t bucket) const {
+    return cold_seen_ && !cold_dear(bucket);
 }
 
 bool controller::cold_dear(int32_t bucket) const {
@@ -1010,7 +1042,9 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
     if (o.t_target_ms >= 0.0) {
         const bool steady = t.n_tok == tok_prev_[0] && t.n_tok == tok_prev_[1];
         const double ref = target_.steady_cost(t.n_tok, t.bucket);
-        if (!steady && ref >= 0.0) {
+        // a one-off run dearer than COLD_MAX steady runs of its size stalled (a page fault, another process): it
+        // says nothing of what changing the batch size costs (a GPU's eager run and capture cost up to about 3)
+        if (!steady && ref >= 0.0 && o.t_target_ms - ref <= COLD_MAX * ref) {
             const double excess = o.t_target_ms - ref;
             cold_ms_ = cold_seen_ ? cold_ms_ + EMA * (excess - cold_ms_) : excess;
             cold_seen_ = true;

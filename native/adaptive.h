@@ -82,7 +82,9 @@ public:
     int32_t count_at(int32_t n_tokens, int32_t bucket) const;  // observations of this size at this depth
 
     // what was learnt, to seed a later session on the same machine
-    void export_points(int32_t table, std::vector<cost_point> & out) const;
+    // one_off_steady[b]: at depth bucket b a one-off run costs what a steady one does (no cold batches), so a size
+    // seen only in one-off runs goes as measured - else as seen once, for the next session to measure again
+    void export_points(int32_t table, std::vector<cost_point> & out, const bool * one_off_steady = nullptr) const;
     void import_point(int32_t bucket, int32_t n_tokens, int32_t count, double ms);
 
     double prior_base = 0.0;   // used only while nothing at all was observed
@@ -96,6 +98,7 @@ private:
         std::vector<int32_t> count;  // observations per key
         std::vector<uint8_t> capped; // the first observation was capped (it may have paid a one-time cost)
         std::vector<uint8_t> steady; // learnt from steady runs (else from one-off runs only, or imported)
+        std::vector<uint8_t> stale;  // imported from another session, not yet measured in a steady run here
         std::vector<double> eff;     // ms, a one-off-only size held to the line of the steady sizes
         int32_t n_seen = 0;
     };
@@ -250,6 +253,7 @@ private:
     // a change of batch size is dear here: its cold run costs a good share of a plain step (a GPU's graphs); on a CPU
     // it is not, and the choice ignores it
     bool cold_dear(int32_t bucket) const;
+    bool once_is_enough(int32_t bucket) const;  // a one-off run is as good as a steady one here (cold runs cheap)
     // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
     // its step, whose probe batch is that size), 0 where even the best case cannot pay by measured costs

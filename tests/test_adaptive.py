@@ -473,3 +473,53 @@ def test_one_stalled_plain_step_does_not_keep_short_generations_drafting():
     assert 1 / speedup(runs[1:]) <= 1.03
     assert sum(1 for ks in sim.ks[-64 * 7:] if ks[0] > 0) <= 3
 
+
+
+# a 2-core CPU where drafting would pay only if nearly every drafted token landed: verifying 9 tokens costs about 3.7
+# plain steps, a drafted token a seventh of one, and catching the draft model up on a token a twentieth
+CPU_MARGINAL = Machine(base=30.0, per_token=10.0, draft_first=4.0, draft_token=4.0, catchup_token=1.5, overhead=0.3)
+
+
+def sessions(machine: Machine, n: int, tokens: int, accept: float, seed: int = 3,
+             edit=lambda pts: pts) -> list[Sim]:
+    """n sessions one after another, each seeded with what the one before it exported (a cost cache), one
+    generation of `tokens` each; edit(points) changes what is handed on."""
+    out, pts = [], None
+    for i in range(n):
+        sim = Sim(machine, seed=seed + i)
+        if pts is not None:
+            assert import_costs(sim, edit(pts))[0] == 0
+        while sim.tokens < tokens:
+            sim.step(accept)
+        pts = export_costs(sim)
+        out.append(sim)
+    return out
+
+
+def test_a_cpu_session_seeded_by_an_earlier_one_does_not_probe_the_ceiling_again():
+    # one-off runs cost what steady runs do here, so the ceiling's batch, measured once by the first session's probe,
+    # is measured: later sessions do not draft n_max again (with a draft model's catch-up of the whole prompt) to
+    # measure it twice - which, every 64-token generation, cost 9-21% of plain decoding
+    runs = sessions(CPU_MARGINAL, 8, 64, 0.4)
+    assert max(k[0] for k in runs[0].ks) == 8  # the first learns the ceiling's cost
+    assert all(max(k[0] for k in sim.ks) < 8 for sim in runs[1:]), [max(k[0] for k in s.ks) for s in runs]
+    # what is left is each session's short probes to learn acceptance, which is not handed on (it was 1.08x)
+    later = runs[2:]
+    assert sum(s.time_ms for s in later) <= 1.05 * sum(s.plain_ms for s in later)
+
+
+def test_plain_decoding_priced_in_a_busier_time_is_measured_again_before_it_weighs_a_choice():
+    # the cost cache holds a plain step priced while the machine was busier (or one stalled run): 60% dearer than
+    # now, by which drafting pays at this acceptance. A session seeded with it runs plain steps first and prices
+    # plain decoding as the machine runs now - else it drafts its whole 64-token generation at a loss (the ledger's
+    # window is longer than that, and plain steps are not refreshed while speculating)
+    target = _native.constants()["PLS_COST_TARGET"]
+
+    def busier_plain(pts):
+        return [(t, b, n, c, ms * 1.6 if (t, n) == (target, 1) else ms) for t, b, n, c, ms in pts]
+
+    runs = sessions(CPU_MARGINAL, 4, 64, 0.4, edit=busier_plain)
+    later = runs[1:]
+    assert all(s.ks[:3] == [[0]] * 3 for s in later)
+    # short probes to learn acceptance, as without the dearer price (it drafted throughout at 1.26-1.43x)
+    assert sum(s.time_ms for s in later) <= 1.06 * sum(s.plain_ms for s in later)

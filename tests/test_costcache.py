@@ -137,7 +137,11 @@ def test_a_pair_that_cannot_pay_leaves_the_drafter_out_of_the_prompt_until_it_ca
                 assert e.n_drafted == 0
             steps += 1
         assert s.stats().n_catchup == 0 and s.stats().n_drafted == 0
-        s.seed_costs(PAYING)  # between steps, as a server could
+        # costs by which drafting pays, on the scale of the plain steps this machine just ran (a session re-measures
+        # plain decoding after an import, and weighs every choice against what it measures now)
+        plain = next(p[4] for p in s.learnt_costs() if p[0] == C["PLS_COST_TARGET"] and p[2] == 1)
+        s.seed_costs(costs(lambda n: plain * (1.0 + 0.01 * (n - 1)), lambda n: plain * (0.05 + 0.001 * (n - 1)),
+                           plain * 0.05))  # between steps, as a server could
         left = 1
         while left:
             events, left = s.step_sequences()

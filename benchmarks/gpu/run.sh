@@ -103,12 +103,17 @@ phase_build() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || return 1
     local t0=$SECONDS extra=""
     [ "${UPSTREAM:-0}" = 1 ] && extra=" -DPYLLAMASPEC_BUILD_UPSTREAM_SPECULATIVE=ON"
-    # verbose into $OUT: a call cut short still returns how far the build got
+    # verbose into $OUT: a call cut short still returns how far the build got. The system's g++ (GPU_CXX): the
+    # machine's default CXX (/opt/gcc) links libstdc++ statically into every shared library, so each library gets its
+    # own copy of its state, and C++ objects that cross libraries (ggml-rpc's futures) crash
+    CXX=${GPU_CXX:-/usr/bin/g++} CUDAHOSTCXX=${GPU_CXX:-/usr/bin/g++} \
     PYLLAMASPEC_BACKEND=cuda CUDAARCHS=90 CMAKE_ARGS="$extra" \
         CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -v --no-build-isolation --no-deps --target $PKG . \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
     python3 -P -m pyllamaspec.cli info | head -5
+    # numpy (or torch) first, then the library: its libstdc++ must not be interposed by one of ours
+    python3 -P -c "import numpy, pyllamaspec._native.loader as l; l.load(); print('loads after numpy')" || return 1
 }
 
 phase_synth05() {
@@ -165,8 +170,8 @@ phase_rpc() {
     phase_synth05 && phase_synth7 || return 1
     [ -x $PKG/pyllamaspec/bin/ggml-rpc-server ] || { echo "no rpc-server in $PKG: run the build phase from this tree"; return 1; }
     mkdir -p "$OUT/res"
-    local m="-m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf -ngl 99 --json --ignore-eos -n ${N:-256} -p 'Write quicksort in Python'"
-    local arms=("plain|--spec-type none" "n4|--spec-adaptive off --spec-draft-n-max 4" "adaptive|")
+    local m="-m /tmp/m/t7b.gguf -ngl 99 --json --ignore-eos -n ${N:-256} -p 'Write quicksort in Python'" d="-md /tmp/m/d05.gguf"
+    local arms=("plain|--spec-type none" "n4|$d --spec-adaptive off --spec-draft-n-max 4" "adaptive|$d")
     rpc_arms() {  # where extra-flags
         local where=$1 extra=$2 a name flags r
         for r in $(seq "${R:-3}"); do
