@@ -13,11 +13,12 @@ from .errors import *  # noqa: F401,F403  (the exception hierarchy is part of th
 from .config import ModelConfig, SessionConfig, SPEC_TYPES
 from .model import Model
 from .session import GenerationResult, SpecSession, Stats
+from .embedding import Embedder
 from .buildinfo import info
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Model", "ModelConfig", "SessionConfig", "SPEC_TYPES", "SpecSession", "GenerationResult", "Stats", "info",
+    "Embedder", "Model", "ModelConfig", "SessionConfig", "SPEC_TYPES", "SpecSession", "GenerationResult", "Stats", "info",
     "__version__",
 ]

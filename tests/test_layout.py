@@ -25,7 +25,7 @@ CORE_MODULES = [
     "pyllamaspec.ggufinfo.summary", "pyllamaspec.ggufinfo.pairing", "pyllamaspec.textfiles", "pyllamaspec.templateguard",
     "pyllamaspec.chat", "pyllamaspec.native_params", "pyllamaspec.grammar", "pyllamaspec.costcache", "pyllamaspec.paths",
     "pyllamaspec.progress",
-    "pyllamaspec.controller",
+    "pyllamaspec.controller", "pyllamaspec.embedding",
 ]
 UPPER_LAYERS = ("pyllamaspec.tools", "pyllamaspec.server", "pyllamaspec.cli", "pyllamaspec.bench")
 
@@ -113,7 +113,7 @@ CORE_RANKS = {
     "ggufinfo": 3, "grammar": 3, "rpc": 3,
     "native_params": 4, "native_tools": 4, "costcache": 4, "buildinfo": 4, "controller": 4,
     "model": 5, "memory": 5, "placement": 5,
-    "session": 6,
+    "session": 6, "embedding": 6,
     "": 7,  # the package itself: the public names
 }
 # what any module may read from the package itself: its version
@@ -229,6 +229,7 @@ NATIVE_UNITS = [
     "pyllamaspec",                                    # the C API header (pyllamaspec/include)
     "shim_common",                                    # errors, logging, devices, model handles
     "info", "model", "chat_tools", "quantize",        # C API of build info, models, chat requests, the quantizer,
+    "embed",                                          # embeddings,
     "synth",                                          # synthetic models
     "rpc", "placement",                               # remote devices (rpc-servers), where a placement puts the head
     "adaptive",                                       # the draft-length controller (no llama.cpp state)

@@ -277,6 +277,77 @@ def test_sampling_fields_and_seed(server):
     assert others - {a}                # another seed, another sample
 
 
+# -- n choices ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_are_each_the_greedy_output_with_and_without_drafting(server, refs, stream):
+    """n=3: three sequences of their own, named by index; greedy, each is the prompt's plain output (drafting on or
+    off), and usage counts the prompt once and every choice's tokens."""
+    ref, _ = refs
+    c = client(server)
+    prompt = PROMPTS[2]
+    for draft in ({}, {"speculative.n_max": 0}):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=N_PREDICT, temperature=0, n=3, stream=stream,
+                                 stream_options={"include_usage": True} if stream else None,
+                                 extra_body={"return_tokens": True, **draft})
+        tokens = {0: [], 1: [], 2: []}
+        if stream:
+            chunks = list(r)
+            usage = chunks[-1].usage
+            assert chunks[-1].choices == []
+            finishes = [(ch.choices[0].index, ch.choices[0].finish_reason) for ch in chunks[:-1]
+                        if ch.choices[0].finish_reason]
+            assert sorted(finishes) == [(0, "length"), (1, "length"), (2, "length")]
+            for ch in chunks[:-1]:
+                assert len(ch.choices) == 1
+                tokens[ch.choices[0].index] += extra(ch.choices[0], "tokens")
+        else:
+            assert [ch.index for ch in r.choices] == [0, 1, 2]
+            assert all(ch.finish_reason == "length" for ch in r.choices)
+            usage = r.usage
+            tokens = {ch.index: extra(ch, "tokens") for ch in r.choices}
+            assert extra(r, "timings")["predicted_n"] == 3 * N_PREDICT
+        assert usage.prompt_tokens == len(prompt) and usage.completion_tokens == 3 * N_PREDICT
+        assert usage.total_tokens == len(prompt) + 3 * N_PREDICT
+        for i in range(3):
+            assert_near(tokens[i], ref(prompt))
+
+
+def test_n_chat_choices_stream_with_their_index(server, refs):
+    ref, chat_tokens = refs
+    messages = [{"role": "user", "content": "count to five"}]
+    chunks = list(client(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                         n=2, stream=True, extra_body={"return_tokens": True}))
+    roles = [ch.choices[0].index for ch in chunks if ch.choices[0].delta.role == "assistant"]
+    assert roles == [0, 1]
+    for i in range(2):
+        mine = [ch.choices[0] for ch in chunks if ch.choices[0].index == i]
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
+        assert_near([t for c in mine for t in extra(c, "tokens")], ref(chat_tokens(messages), 12))
+        text = "".join(c.delta.content or "" for c in mine)
+        if [t for c in mine for t in extra(c, "tokens")] == ref(chat_tokens(messages), 12).tokens:
+            assert text == ref(chat_tokens(messages), 12).text
+
+
+def test_seeded_choices_sample_with_seed_plus_index(server):
+    c = client(server)
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=1.0, top_p=1.0)
+    r = c.completions.create(seed=7, n=3, **kw)
+    texts = [ch.text for ch in r.choices]
+    assert texts == [c.completions.create(seed=7 + i, **kw).choices[0].text for i in range(3)]
+    assert len(set(texts)) > 1
+
+
+def test_n_choices_carry_their_own_logprobs(server):
+    r = client(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=6, temperature=0, n=2, logprobs=True, top_logprobs=2,
+                                               extra_body={"return_tokens": True})
+    for ch in r.choices:
+        assert len(ch.logprobs.content) == len(extra(ch, "tokens")) == 6
+        assert all(len(e.top_logprobs) == 2 for e in ch.logprobs.content)
+
+
 # -- stop strings ------------------------------------------------------------------------------------
 
 
@@ -338,7 +409,9 @@ def test_bad_requests_get_openai_shaped_4xx(server):
     assert_openai_error(post(chat, {"messages": msgs, "max_tokens": "10"}), 400, "max_tokens")
     assert_openai_error(post(chat, {"messages": msgs, "stream": "yes"}), 400, "stream")
     assert_openai_error(post(chat, {"messages": msgs, "top_p": 1.5}), 400, "top_p")
-    assert_openai_error(post(chat, {"messages": msgs, "n": 2}), 400, "n")
+    err = assert_openai_error(post(chat, {"messages": msgs, "n": 5}), 400, "n")
+    assert "n=5" in err["message"] and "4" in err["message"]      # more choices than the 4 slots
+    assert_openai_error(post(chat, {"messages": msgs, "n": 0}), 400, "n")
     assert_openai_error(post(chat, {"messages": msgs, "speculative": {"n_max": 1000}}), 400, "speculative.n_max")
     assert_openai_error(post(chat, {"messages": msgs, "speculative.n_min": -1}), 400, "speculative.n_min")
     assert_openai_error(post(chat, {"messages": msgs, "stop": 3}), 400, "stop")

@@ -28,12 +28,23 @@ def test_llama_servers_common_flags_parse():
     assert a.n_ctx is None                    # -cb is not -c b
     assert serve_args("--n-predict", "7").n_predict == 7 and serve_args().n_predict == -1
     assert not serve_args("--no-slots").slots and not serve_args("-nocb").cont_batching
+    assert serve_args("--embeddings").embeddings and not serve_args().embeddings
+    assert serve_args("--temp", "0.3").temp == 0.3 and serve_args().temp is None
+
+
+def test_serves_help_shows_llama_servers_default_temperature(capsys):
+    from pyllamaspec.server import defaults
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"greedy (default: {defaults.TEMPERATURE}," in help_text
+    assert defaults.TEMPERATURE == 0.8    # llama-server's (upstream's common_params_sampling.temp)
 
 
 @pytest.mark.parametrize("flags, words", [
     (["-nocb"], "continuous batching cannot be switched off"),
     (["--cache-reuse", "256"], "--cache-reuse 256"),
-    (["--embeddings"], "/v1/embeddings"),
     (["-n", "0"], "-n/--n-predict 0"),
 ])
 def test_flags_that_do_not_map_are_refused_with_a_message(dense_pair, capsys, flags, words):
@@ -58,6 +69,38 @@ def server(dense_pair):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         yield s.url
+
+
+def test_a_request_without_temperature_samples_at_the_servers_default(server):
+    """As llama-server: no temperature is the server's default (0.8 unless --temp says otherwise), not greedy."""
+    body = {"prompt": [1, 5, 9, 2], "max_tokens": 5, "return_tokens": True, "seed": 11}
+    post = lambda extra: httpx.post(server + "/v1/completions", json={**body, **extra}, timeout=60).json()
+    unset = post({})["choices"][0]["tokens"]
+    assert unset == post({"temperature": 0.8})["choices"][0]["tokens"]
+    others = {tuple(post({"temperature": 0.8, "seed": s})["choices"][0]["tokens"]) for s in (12, 13, 14)}
+    assert others - {tuple(unset)}     # it samples: other seeds, other tokens
+    assert httpx.get(server + "/props", timeout=30).json()["default_generation_settings"]["params"][
+        "temperature"] == 0.8
+
+
+def test_the_servers_temperature_is_what_temp_sets(dense_pair):
+    from pyllamaspec.server.app import Loaded, create_app
+
+    def load():
+        target = Model(dense_pair[0])
+        return Loaded(target, None, SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=512)))
+
+    with InProcessServer(create_app(load, chat_template="chatml", temperature=0.0)) as s:
+        deadline = time.monotonic() + 60
+        while httpx.get(s.url + "/health", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        body = {"prompt": [1, 5, 9, 2], "max_tokens": 6, "return_tokens": True}
+        greedy = httpx.post(s.url + "/v1/completions", json={**body, "temperature": 0}, timeout=60).json()
+        assert all(httpx.post(s.url + "/v1/completions", json={**body, "seed": seed}, timeout=60).json()[
+            "choices"][0]["tokens"] == greedy["choices"][0]["tokens"] for seed in (1, 2))
+        assert httpx.get(s.url + "/props", timeout=30).json()["default_generation_settings"]["params"][
+            "temperature"] == 0.0
 
 
 def test_props_and_slots_answer_in_llama_servers_shape(server):

@@ -305,6 +305,14 @@ def test_real_pair_calls_tools_through_the_server_as_it_does_without_speculation
             assert finish == "tool_calls"
             assert [(t["name"], t["arguments"]) for t in calls] == \
                 [(t.function.name, t.function.arguments) for t in msg.tool_calls]
+        # n choices: each reply is read for calls on its own; greedy, they call alike
+        both = c.chat.completions.create(n=2, **req)
+        assert [ch.index for ch in both.choices] == [0, 1]
+        for ch in both.choices:
+            assert ch.finish_reason == "tool_calls"
+            assert_well_formed(ch.message.tool_calls, REAL_TOOLS_NAMES)
+        assert [(t.function.name, t.function.arguments) for t in both.choices[0].message.tool_calls] == \
+            [(t.function.name, t.function.arguments) for t in both.choices[1].message.tool_calls]
         # without drafting (per request) the calls are as well-formed; equality token for token, under the
         # near-tie rule, is the test below
         plain = c.chat.completions.create(extra_body={"speculative.n_max": 0}, **req)

@@ -167,12 +167,14 @@ def add_speculative_flags(parser: argparse.ArgumentParser, *, per_arm: bool = Fa
                        help=f"{what}; 0: upstream's value (default: {_shown(SessionConfig, name)})")
 
 
-def add_sampling_flags(parser: argparse.ArgumentParser, *, seed_only: bool = False) -> None:
-    """How the target samples (SessionConfig). seed_only: a command that always decodes greedily."""
+def add_sampling_flags(parser: argparse.ArgumentParser, *, seed_only: bool = False,
+                       temp_default: str | None = None) -> None:
+    """How the target samples (SessionConfig). seed_only: a command that always decodes greedily; temp_default: the
+    default --temp shows, for a command whose default is not SessionConfig's (the server's)."""
     g = parser.add_argument_group("sampling")
     if not seed_only:
         g.add_argument("--temp", dest="temp", type=float, default=None, metavar="T",
-                       help=f"temperature; <= 0: greedy (default: {_shown(SessionConfig, 'temp')})")
+                       help=f"temperature; <= 0: greedy (default: {temp_default or _shown(SessionConfig, 'temp')})")
         g.add_argument("--top-k", dest="top_k", type=int, default=None, metavar="K",
                        help=f"top-k sampling; <= 0: off (default: {_shown(SessionConfig, 'top_k')})")
         g.add_argument("--top-p", dest="top_p", type=float, default=None, metavar="P",

@@ -13,12 +13,14 @@ import sys
 import threading
 
 from .session_flags import add_memory_check_flag, add_session_flags, add_template_flags, chat_settings, open_session
+from ..server import defaults
 from ..server.limits import DEFAULT_MAX_BODY_BYTES, parse_size
 
 DESCRIPTION = """\
 Serve a target (and drafter) over HTTP: OpenAI's /v1/chat/completions and /v1/completions (streamed or
-not), /v1/models, /health, /tokenize, /detokenize and Prometheus /metrics. Up to -np requests generate
-together in one batch; --queue-size more wait for a slot, and beyond that requests get 429."""
+not), /v1/models, /health, /tokenize, /detokenize, Prometheus /metrics, and /v1/embeddings with --embeddings.
+Up to -np requests generate together in one batch; --queue-size more wait for a slot, and beyond that requests
+get 429."""
 
 
 def _body_size(text: str) -> int:
@@ -31,7 +33,7 @@ def _body_size(text: str) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (pip install 'pyllamaspec[server]')",
                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_session_flags(p)
+    add_session_flags(p, temp_default=f"{defaults.TEMPERATURE}, as llama-server; a request's temperature wins")
     g = p.add_argument_group("server")
     g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="requests generated together in one batch; n_ctx is shared among them (default: 4)")
@@ -65,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="llama-server's KV-shift reuse of prompt chunks: only 0 is accepted (a slot reuses the "
                         "prefix its memory shares with a new prompt)")
     g.add_argument("--embeddings", "--embedding", dest="embeddings", action="store_true",
-                   help="refused: /v1/embeddings is not served")
+                   help="serve /v1/embeddings: the target embeds through a context of its own (pooled as its GGUF "
+                        "says, mean when it names none; unit L2 norm), inputs of up to -ub tokens (default: off)")
     g.add_argument("--metrics-prefix", default="pyllamaspec",
                    help="prefix of the Prometheus metric names (default pyllamaspec; 'llamacpp' matches "
                         "llama-server's dashboards)")
@@ -80,7 +83,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _load(args):
     from ..server.app import Loaded
 
-    return Loaded(*open_session(args))
+    target, drafter, session = open_session(args)
+    if not args.embeddings:
+        return Loaded(target, drafter, session)
+    from ..config import SessionConfig
+    from ..embedding import Embedder
+
+    # as llama-server's: an input is decoded in one physical batch (-ub), at most the model's training context
+    n_ubatch = args.n_ubatch if args.n_ubatch is not None else SessionConfig.n_ubatch
+    n_ctx = min(n_ubatch, target.info.n_ctx_train) if target.info.n_ctx_train > 0 else n_ubatch
+    try:
+        embedder = Embedder(target, n_ctx, n_threads=args.n_threads_batch or args.n_threads or 0)
+    except BaseException:
+        session.close()
+        for m in (drafter, target):
+            if m is not None:
+                m.close()
+        raise
+    return Loaded(target, drafter, session, embedder)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -121,8 +141,6 @@ def run(args) -> int:
     if args.cache_reuse != 0:
         raise ConfigError(f"--cache-reuse {args.cache_reuse}: reusing KV chunks by shifting is not supported; a "
                           f"slot reuses the prefix its memory shares with a new prompt (use 0)")
-    if args.embeddings:
-        raise ConfigError("--embeddings: /v1/embeddings is not served by pyllamaspec")
     if args.n_predict < -1 or args.n_predict == 0:
         raise ConfigError(f"-n/--n-predict {args.n_predict} must be -1 (no limit) or >= 1")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
@@ -138,7 +156,8 @@ def run(args) -> int:
     app = create_app(lambda: _load(args), alias=args.alias, queue_size=args.queue_size,
                      metrics_prefix=args.metrics_prefix, chat_template=template, enable_thinking=thinking,
                      api_key=args.api_key, on_fatal=on_fatal, max_body_bytes=args.max_body_size,
-                     n_predict=args.n_predict, slots_endpoint=args.slots)
+                     n_predict=args.n_predict, slots_endpoint=args.slots,
+                     **({"temperature": args.temp} if args.temp is not None else {}))
     state = app.state.server
     config = uvicorn.Config(app, log_level="info", lifespan="on",
                             timeout_graceful_shutdown=args.timeout_graceful_shutdown)

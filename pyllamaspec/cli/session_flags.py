@@ -15,8 +15,9 @@ from .output import warn
 _REASONING = {"on": True, "off": False, "auto": None}
 
 
-def add_session_flags(p: argparse.ArgumentParser) -> None:
-    """The models and every session flag group: what `generate` and `serve` open a session from."""
+def add_session_flags(p: argparse.ArgumentParser, *, temp_default: str | None = None) -> None:
+    """The models and every session flag group: what `generate` and `serve` open a session from. temp_default: the
+    default --temp shows where a command's is not SessionConfig's."""
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", default=None, metavar="MODEL",
                    help="target GGUF: a path, a catalog name, or owner/repo[:FILE.gguf] on the Hugging Face Hub "
@@ -27,7 +28,7 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
     flags.add_speculative_flags(p)
     flags.add_placement_flags(p)
     flags.add_context_flags(p)
-    flags.add_sampling_flags(p)
+    flags.add_sampling_flags(p, temp_default=temp_default)
 
 
 def add_template_flags(g) -> None:

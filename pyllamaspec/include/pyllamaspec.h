@@ -671,6 +671,45 @@ int32_t pls_session_health(pls_session * session, char * err, size_t err_size);
  * upstream's loader without allocating anything. Returns a pls_status. */
 int32_t pls_plan_head_device(const pls_model_params * params, char * out, int32_t out_size, char * err, size_t err_size);
 
+/* ---- embeddings ------------------------------------------------------------------------------ */
+
+typedef struct pls_embedder pls_embedder;
+
+/* Pooling of a sequence's token embeddings into one vector: the values of upstream's llama_pooling_type. */
+enum {
+    PLS_POOLING_MODEL = -1,         /* the model's (its GGUF's pooling_type); mean when it names none */
+    PLS_POOLING_MEAN = 1,
+    PLS_POOLING_CLS = 2,
+    PLS_POOLING_LAST = 3
+};
+
+typedef struct pls_embed_params {
+    int32_t n_ctx;                  /* the longest input in tokens; it is decoded in one batch (1..n_ctx_train) */
+    int32_t n_threads;              /* 0: the CPU cores useful for math */
+    int32_t pooling;                /* PLS_POOLING_* */
+    int32_t normalize;              /* 1: each vector scaled to unit L2 norm (llama-server's /v1/embeddings), 0: raw */
+} pls_embed_params;
+
+typedef struct pls_embedder_info {
+    int32_t n_embd;                 /* floats per vector */
+    int32_t n_ctx;                  /* the longest input */
+    int32_t pooling;                /* the pooling used (PLS_POOLING_MEAN, _CLS or _LAST) */
+} pls_embedder_info;
+
+/* An embedder: its own llama.cpp context over a model (embeddings on, pooled), apart from every session, so
+ * generation is unaffected. It holds the model (pls_model_free only drops the caller's reference). Calls may come
+ * from several threads: they run one at a time. PLS_ERR_INVALID for bad parameters or a model that cannot embed
+ * (a reranker's rank pooling); PLS_ERR_MEMORY when the context cannot be allocated. */
+int32_t pls_embedder_open(pls_model * model, const pls_embed_params * params, pls_embedder ** out, char * err,
+                          size_t err_size);
+void    pls_embedder_free(pls_embedder * embedder);
+int32_t pls_embedder_get_info(const pls_embedder * embedder, pls_embedder_info * out);
+/* Embeds n_inputs token sequences: the tokens of input i follow those of input i - 1 in tokens, n_tokens[i] of
+ * them; out receives n_inputs * n_embd floats. PLS_ERR_INVALID for an empty input or a token outside the vocabulary
+ * (err names the input), PLS_ERR_CONTEXT for an input longer than n_ctx, PLS_ERR_DECODE when llama.cpp fails. */
+int32_t pls_embed(pls_embedder * embedder, const int32_t * tokens, const int32_t * n_tokens, int32_t n_inputs,
+                  float * out, char * err, size_t err_size);
+
 /* PLS_CDEF_END */
 
 #pragma GCC visibility pop

@@ -7,11 +7,12 @@ codes, and results into the bodies responses.py shapes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -24,12 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..config import UINT32_MAX, SequenceParams
 from ..errors import ConfigError
+from . import defaults
 from .engine import STARTED, Delta, Engine, EngineBusy, EngineDraining, Final, Job, JobFailed
 from .metrics import ServerMetrics
 from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
-from .responses import (APIError, CompletionBodies, health_body, loading_error, models_body, props_body,
-                        shutdown_error, slots_body, sse, token_pieces_body)
-from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .responses import (APIError, CompletionBodies, embeddings_body, health_body, loading_error, merged_timings,
+                        merged_usage, models_body, props_body, shutdown_error, slots_body, sse, token_pieces_body)
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from .tools import ToolPlan, call_opening, tool_settings
 
 log = logging.getLogger("pyllamaspec.server")
@@ -37,20 +39,23 @@ log = logging.getLogger("pyllamaspec.server")
 
 @dataclass
 class Loaded:
-    """What a loader returns: the models and the session the server owns (and closes) from then on."""
+    """What a loader returns: the models, the session and (with --embeddings) the embedder the server owns (and
+    closes) from then on."""
 
     target: Any
     drafter: Any
     session: Any
+    embedder: Any = None
 
 
 class ServerState:
     def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                  metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                  enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None,
-                 n_predict: int = -1, slots_endpoint: bool = True) -> None:
+                 n_predict: int = -1, slots_endpoint: bool = True, temperature: float = defaults.TEMPERATURE) -> None:
         self.loader = loader
         self.n_predict = n_predict          # a request's max_tokens when it sets none (-n; -1: no limit)
+        self.temperature = temperature      # a request's temperature when it sets none (--temp)
         self.slots_endpoint = slots_endpoint
         self._caps: dict | None = None
         self.alias = alias
@@ -245,6 +250,8 @@ class ServerState:
 
 
 def _close_loaded(loaded: Loaded) -> None:
+    if loaded.embedder is not None:
+        loaded.embedder.close()
     loaded.session.close()
     for m in (loaded.drafter, loaded.target):
         if m is not None:
@@ -258,9 +265,10 @@ def _close_loaded(loaded: Loaded) -> None:
 _REQUEST_FIELD = {"temp": "temperature", "n_predict": "max_tokens"}
 
 
-def _sequence_params(req, default_n_predict: int = -1) -> SequenceParams:
+def _sequence_params(req, default_n_predict: int = -1, default_temp: float = defaults.TEMPERATURE) -> SequenceParams:
     """The request's settings for its sequence; a value the sequence cannot take is a 400 naming the field."""
     n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_n_predict
+    temp = req.temperature if req.temperature is not None else default_temp
     seed = UINT32_MAX if req.seed == -1 else req.seed
     try:
         sampling = req.sampling_settings()
@@ -269,10 +277,19 @@ def _sequence_params(req, default_n_predict: int = -1) -> SequenceParams:
         param, message = e.args
         raise APIError(400, message, param=param) from None
     try:
-        return SequenceParams(n_predict=n_predict, temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
+        return SequenceParams(n_predict=n_predict, temp=temp, top_k=req.top_k, top_p=req.top_p,
                               min_p=req.min_p, seed=seed, n_probs=n_probs, **sampling, **req.draft_settings())
     except ConfigError as e:
         raise APIError(400, str(e), param=_request_field(req, getattr(e, "param", None))) from None
+
+
+def _choice_params(params: SequenceParams, index: int, session_seed: int) -> SequenceParams:
+    """Choice `index`'s settings: seed + index (modulo 2**32 - 1), so seeded choices differ and repeat; a random seed
+    (none given and none on the command line, or -1) stays random for each."""
+    seed = params.seed if params.seed is not None else session_seed
+    if index == 0 or seed == UINT32_MAX:
+        return params
+    return dataclasses.replace(params, seed=(seed + index) % UINT32_MAX)
 
 
 def _request_field(req, param: str | None) -> str | None:
@@ -341,53 +358,82 @@ async def _unless_disconnected(awaitable, request: Request):
 
 
 class _Completion:
-    """One chat or text completion: the job's results sent as a stream of chunks, or as one body. A reply to a
-    request with tools is read for tool calls (tools.py) as it arrives."""
+    """One chat or text completion of n choices (a job each): the jobs' results sent as one stream of chunks that
+    name their choice by index, or as one body. A reply to a request with tools is read for tool calls (tools.py),
+    each choice by its own reader, as it arrives."""
 
     def __init__(self, state: ServerState, req, kind: str, tools: ToolPlan | None = None) -> None:
         self.state = state
         self.return_tokens = req.return_tokens
-        self.reader = tools.reader() if tools is not None and tools.parses else None
+        self.tools = tools if tools is not None and tools.parses else None
         self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
                                        include_usage=bool(req.stream_options and req.stream_options.include_usage),
                                        token_bytes=state.loaded.target.token_bytes)
 
-    async def stream(self, job: Job) -> AsyncIterator[bytes]:
+    def _readers(self, n: int) -> list:
+        return [self.tools.reader() if self.tools is not None else None for _ in range(n)]
+
+    async def stream(self, jobs: list[Job]) -> AsyncIterator[bytes]:
         engine = self.state.engine
         b = self.bodies
+        readers = self._readers(len(jobs))
+        usages, timings = [], []
         try:
             if b.chat:
-                yield sse(b.chunk([b.delta_choice(None, [], None, role=True)]))
-            while True:
-                item = await job.queue.get()
-                if isinstance(item, Delta) and self.reader is not None:
-                    for delta in self.reader.feed(item.text):
-                        yield sse(b.chunk([b.message_delta_choice(delta)]))
-                elif isinstance(item, Delta):
-                    # text held back (a stop string may begin): no chunk, unless it carries tokens or logprobs
-                    if item.text or self.return_tokens or item.logprobs:
-                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
-                elif isinstance(item, Final):
-                    finish = item.finish_reason
-                    if self.reader is not None:
-                        for delta in self.reader.feed(item.text) + self.reader.finish():
-                            yield sse(b.chunk([b.message_delta_choice(delta)]))
-                        if self.reader.final.tool_calls and finish == "stop":
-                            finish = "tool_calls"
-                    elif item.text or (item.tokens and (self.return_tokens or item.logprobs)):
-                        yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs)]))
-                    yield sse(b.chunk([b.delta_choice(None, [], finish)], timings=item.timings))
-                    if b.include_usage:
-                        yield sse(b.chunk([], usage=item.usage, timings=item.timings))
-                    yield sse("[DONE]")
-                    return
-                elif isinstance(item, JobFailed):
-                    yield sse(_job_error(item).body())
-                    return
+                for i in range(len(jobs)):
+                    yield sse(b.chunk([b.delta_choice(None, [], None, role=True, index=i)]))
+            async with aclosing(_merged(jobs)) as items:
+                async for i, item in items:
+                    reader = readers[i]
+                    if isinstance(item, Delta) and reader is not None:
+                        for delta in reader.feed(item.text):
+                            yield sse(b.chunk([b.message_delta_choice(delta, index=i)]))
+                    elif isinstance(item, Delta):
+                        # text held back (a stop string may begin): no chunk, unless it carries tokens or logprobs
+                        if item.text or self.return_tokens or item.logprobs:
+                            yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs,
+                                                              index=i)]))
+                    elif isinstance(item, Final):
+                        finish = item.finish_reason
+                        if reader is not None:
+                            for delta in reader.feed(item.text) + reader.finish():
+                                yield sse(b.chunk([b.message_delta_choice(delta, index=i)]))
+                            if reader.final.tool_calls and finish == "stop":
+                                finish = "tool_calls"
+                        elif item.text or (item.tokens and (self.return_tokens or item.logprobs)):
+                            yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs,
+                                                              index=i)]))
+                        yield sse(b.chunk([b.delta_choice(None, [], finish, index=i)], timings=item.timings))
+                        usages.append(item.usage)
+                        timings.append(item.timings)
+                    elif isinstance(item, JobFailed):
+                        yield sse(_job_error(item).body())
+                        return
+            if b.include_usage:
+                yield sse(b.chunk([], usage=merged_usage(usages), timings=merged_timings(timings)))
+            yield sse("[DONE]")
         finally:
-            engine.cancel(job)  # the client went away (or the stream ended: then a no-op)
+            for job in jobs:
+                engine.cancel(job)  # the client went away (or the stream ended: then a no-op)
 
-    async def collect(self, job: Job) -> dict:
+    async def collect(self, jobs: list[Job]) -> dict:
+        results = await asyncio.gather(*(self._collect_one(job) for job in jobs))
+        readers = self._readers(len(jobs))
+        choices = []
+        for i, ((text, tokens, logprobs, final), reader) in enumerate(zip(results, readers)):
+            finish, calls = final.finish_reason, None
+            if reader is not None:
+                reply, calls = reader.whole(text)
+                text = reply.content
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            choices.append(self.bodies.choice(i, text, tokens, finish, logprobs=logprobs, tool_calls=calls))
+        finals = [r[3] for r in results]
+        return self.bodies.whole(choices, merged_usage([f.usage for f in finals]),
+                                 merged_timings([f.timings for f in finals]))
+
+    @staticmethod
+    async def _collect_one(job: Job) -> tuple[str, list[int], list | None, Final]:
         texts, tokens, logprobs = [], [], None
         while True:
             item = await job.queue.get()
@@ -401,41 +447,73 @@ class _Completion:
                 break
         if logprobs is None and job.params.n_probs is not None:
             logprobs = []
-        text, finish, calls = "".join(texts), item.finish_reason, None
-        if self.reader is not None:
-            reply, calls = self.reader.whole(text)
-            text = reply.content
-            if calls and finish == "stop":
-                finish = "tool_calls"
-        return self.bodies.whole(text, tokens, finish, item.usage, item.timings, logprobs=logprobs, tool_calls=calls)
+        return "".join(texts), tokens, logprobs, item
+
+
+async def _merged(jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
+    """The items of several jobs' queues as they arrive, each with its job's index, until every job has ended."""
+    if len(jobs) == 1:
+        while True:
+            item = await jobs[0].queue.get()
+            yield 0, item
+            if isinstance(item, (Final, JobFailed)):
+                return
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def forward(i: int, job: Job) -> None:
+        while True:
+            item = await job.queue.get()
+            merged.put_nowait((i, item))
+            if isinstance(item, (Final, JobFailed)):
+                return
+
+    tasks = [asyncio.ensure_future(forward(i, job)) for i, job in enumerate(jobs)]
+    try:
+        left = len(jobs)
+        while left:
+            i, item = await merged.get()
+            left -= isinstance(item, (Final, JobFailed))
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _generate(state: ServerState, request: Request, req, kind: str, tokens: list[int],
                     tools: ToolPlan | None = None) -> Response:
     engine = state.require_ready()
+    if req.n > engine.n_parallel:
+        raise APIError(400, f"n={req.n} choices need as many slots, and this server has {engine.n_parallel} (-np)",
+                       param="n")
     prompt_param = "messages" if kind == "chat" else "prompt"
     stops = tuple(req.stop_strings()) + (tools.stops if tools is not None else ())
-    job = Job(tokens, _sequence_params(req, state.n_predict), asyncio.get_running_loop(), prompt_param, stops,
-              field_name=lambda param: _request_field(req, param),
-              special_tokens=tools.special_tokens if tools is not None else frozenset())
+    params = _sequence_params(req, state.n_predict, state.temperature)
+    loop = asyncio.get_running_loop()
+    jobs = [Job(tokens, _choice_params(params, i, state.loaded.session.config.seed), loop, prompt_param, stops,
+                field_name=lambda param: _request_field(req, param),
+                special_tokens=tools.special_tokens if tools is not None else frozenset())
+            for i in range(req.n)]
     try:
-        engine.submit(job)
+        engine.submit(*jobs)
     except (EngineBusy, EngineDraining) as e:
         raise _refusal_error(e) from None
     gen = _Completion(state, req, kind, tools)
     try:
-        first = await _unless_disconnected(job.queue.get(), request)
-        if isinstance(first, JobFailed):
-            raise _job_error(first)
-        assert first is STARTED
+        for job in jobs:
+            first = await _unless_disconnected(job.queue.get(), request)
+            if isinstance(first, JobFailed):
+                raise _job_error(first)
+            assert first is STARTED
         if req.stream:
-            return _SSEResponse(gen.stream(job), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await _unless_disconnected(gen.collect(job), request))
+            return _SSEResponse(gen.stream(jobs), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await _unless_disconnected(gen.collect(jobs), request))
     except ClientGone:
-        engine.cancel(job)
+        for job in jobs:
+            engine.cancel(job)
         return Response(status_code=499)
     except BaseException:
-        engine.cancel(job)
+        for job in jobs:
+            engine.cancel(job)
         raise
 
 
@@ -500,12 +578,14 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
                metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                enable_thinking: bool | None = None, api_key: str | None = None,
                on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               n_predict: int = -1, slots_endpoint: bool = True) -> FastAPI:
-    """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session;
-    `on_fatal` is called (from that thread) if it fails. app.state.server is the ServerState."""
+               n_predict: int = -1, slots_endpoint: bool = True,
+               temperature: float = defaults.TEMPERATURE) -> FastAPI:
+    """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session (and an
+    embedder, which serves /v1/embeddings); `on_fatal` is called (from that thread) if it fails. temperature: a
+    request's when it sets none. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
                         chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal,
-                        n_predict=n_predict, slots_endpoint=slots_endpoint)
+                        n_predict=n_predict, slots_endpoint=slots_endpoint, temperature=temperature)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -526,6 +606,7 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
     _add_error_handlers(app)
     _add_server_routes(app, state)
     _add_generation_routes(app, state)
+    _add_embedding_routes(app, state)
     _add_token_routes(app, state)
     return app
 
@@ -624,6 +705,43 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(req.model)
         tokens = await run_interruptible(state, request, state.completion_tokens, req)
         return await _generate(state, request, req, "text", tokens)
+
+
+def _add_embedding_routes(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's /v1/embeddings, served when the loader gave an embedder (serve --embeddings)."""
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(req: EmbeddingRequest):
+        state.require_ready()
+        embedder = state.loaded.embedder
+        if embedder is None:
+            raise APIError(501, "This server does not support embeddings. Start it with `--embeddings`",
+                           "not_supported_error")
+        state.check_model(req.model)
+        if req.dimensions is not None and req.dimensions != embedder.n_embd:
+            raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {embedder.n_embd} "
+                                f"dimensions, and shortening them is not supported", param="dimensions")
+        inputs = req.inputs()
+        single = isinstance(req.input, str) or (bool(req.input) and isinstance(req.input[0], int))
+
+        def work():
+            seqs = []
+            for i, x in enumerate(inputs):
+                param = "input" if single else f"input[{i}]"
+                tokens = embedder.tokenize(x) if isinstance(x, str) and x else x
+                if not tokens:
+                    raise APIError(400, f"{param} is empty: there is nothing to embed", param=param)
+                if len(tokens) > embedder.n_ctx:
+                    raise APIError(400, f"{param} has {len(tokens)} tokens; an input may have at most "
+                                        f"{embedder.n_ctx} (the server's -ub)", param=param,
+                                   code="context_length_exceeded")
+                state.check_tokens(tokens, param)
+                seqs.append(tokens)
+            return seqs, embedder.embed_tokens(seqs)
+
+        seqs, vectors = await run_in_threadpool(work)
+        return embeddings_body(state.model_name, vectors, sum(len(t) for t in seqs), req.encoding_format == "base64")
 
 
 def _add_token_routes(app: FastAPI, state: ServerState) -> None:

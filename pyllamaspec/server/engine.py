@@ -202,15 +202,16 @@ class Engine:
     def draining(self) -> bool:
         return self._draining
 
-    def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it: EngineDraining while shutting down, EngineBusy when the queue is full."""
+    def submit(self, *jobs: Job) -> None:
+        """Queue jobs (a request's choices) together, or refuse them all: EngineDraining while shutting down,
+        EngineBusy when the queue cannot take them all."""
         with self._cv:
             if self._draining:
                 reason, err = "draining", EngineDraining()
-            elif len(self._waiting) + len(self._running) >= self.n_parallel + self.queue_size:
+            elif len(self._waiting) + len(self._running) + len(jobs) > self.n_parallel + self.queue_size:
                 reason, err = "queue_full", EngineBusy(self.n_parallel, self.queue_size)
             else:
-                self._waiting.append(job)
+                self._waiting.extend(jobs)
                 self._cv.notify()
                 return
         if self.metrics is not None:

@@ -4,6 +4,7 @@ the engine knows nothing of them."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -65,7 +66,7 @@ def _slot_params(state, job) -> dict:
     p = job.params if job is not None else None
     get = (lambda name, default=None: getattr(p, name, None) if p is not None and getattr(p, name, None) is not None
            else default)
-    return {"n_predict": get("n_predict", state.n_predict), "temperature": get("temp"), "top_k": get("top_k"),
+    return {"n_predict": get("n_predict", state.n_predict), "temperature": get("temp", state.temperature), "top_k": get("top_k"),
             "top_p": get("top_p"), "min_p": get("min_p"), "seed": get("seed"),
             "stop": list(job.stops.stops) if job is not None else [],
             "speculative.n_max": get("n_max", state.loaded.session.info.n_max_effective),
@@ -118,8 +119,34 @@ def sse(obj) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def merged_usage(usages: list[dict]) -> dict:
+    """One request's usage over its choices: the prompt counted once (its cached tokens: what every choice's slot
+    held), the completion tokens summed."""
+    n_prompt = usages[0]["prompt_tokens"]
+    completion = sum(u["completion_tokens"] for u in usages)
+    cached = min(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def merged_timings(timings: list[dict]) -> dict:
+    """llama-server's timings over a request's choices: counts summed (each choice processed the prompt in its own
+    slot), times the longest choice's (they ran together), rates from those."""
+    if len(timings) == 1:
+        return timings[0]
+    out = {k: sum(t[k] for t in timings) for k in ("cache_n", "prompt_n", "predicted_n", "draft_n",
+                                                   "draft_n_accepted")}
+    out["prompt_ms"] = max(t["prompt_ms"] for t in timings)
+    out["predicted_ms"] = max(t["predicted_ms"] for t in timings)
+    for what, n_key, ms_key in (("prompt", "prompt_n", "prompt_ms"), ("predicted", "predicted_n", "predicted_ms")):
+        n, ms = out[n_key], out[ms_key]
+        out[f"{what}_per_token_ms"] = ms / n if n else 0.0
+        out[f"{what}_per_second"] = n / ms * 1000.0 if ms > 0 else 0.0
+    return out
+
+
 class CompletionBodies:
-    """The bodies of one chat or text completion, streamed (chunks) or whole."""
+    """The bodies of one chat or text completion, streamed (chunks) or whole; each choice is named by its index."""
 
     def __init__(self, model: str, chat: bool, *, include_usage: bool, return_tokens: bool,
                  token_bytes=None) -> None:
@@ -128,7 +155,7 @@ class CompletionBodies:
         self.include_usage = include_usage
         self.return_tokens = return_tokens
         self.token_bytes = token_bytes    # token id -> its bytes (log-probabilities name tokens by text and bytes)
-        self.text_offset = 0              # where the next token's text starts in a text completion
+        self.text_offset: dict[int, int] = {}   # per choice: where the next token's text starts (text completions)
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -142,12 +169,13 @@ class CompletionBodies:
         return out
 
     def delta_choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False,
-                     logprobs: list | None = None) -> dict:
+                     logprobs: list | None = None, index: int = 0) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            c = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+            c = {"index": index, "delta": delta, "logprobs": self.logprobs(logprobs, index), "finish_reason": finish}
         else:
-            c = {"index": 0, "text": text or "", "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+            c = {"index": index, "text": text or "", "logprobs": self.logprobs(logprobs, index),
+                 "finish_reason": finish}
         if self.return_tokens:
             c["tokens"] = tokens
         return c
@@ -156,9 +184,10 @@ class CompletionBodies:
         b = self.token_bytes(token)
         return b.decode("utf-8", "replace"), list(b)
 
-    def logprobs(self, records: list | None) -> dict | None:
-        """OpenAI's logprobs object for these tokens (pyllamaspec.session.TokenLogprob records); None: not asked.
-        Chat: content entries with token, logprob, bytes and top_logprobs; text: the legacy parallel lists."""
+    def logprobs(self, records: list | None, index: int = 0) -> dict | None:
+        """OpenAI's logprobs object for these tokens of a choice (pyllamaspec.session.TokenLogprob records); None:
+        not asked. Chat: content entries with token, logprob, bytes and top_logprobs; text: the legacy parallel
+        lists."""
         if records is None:
             return None
         if self.chat:
@@ -172,6 +201,7 @@ class CompletionBodies:
                 content.append({"token": text, "logprob": r.logprob, "bytes": b, "top_logprobs": top})
             return {"content": content, "refusal": None}
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = self.text_offset.get(index, 0)
         for r in records:
             text, _b = self._token(r.token)
             out["tokens"].append(text)
@@ -180,25 +210,42 @@ class CompletionBodies:
             for t, lp in r.top:
                 top.setdefault(self._token(t)[0], lp)
             out["top_logprobs"].append(top)
-            out["text_offset"].append(self.text_offset)
-            self.text_offset += len(text)
+            out["text_offset"].append(offset)
+            offset += len(text)
+        self.text_offset[index] = offset
         return out
 
-    def message_delta_choice(self, delta: dict, finish: str | None = None) -> dict:
+    def message_delta_choice(self, delta: dict, finish: str | None = None, index: int = 0) -> dict:
         """A chat chunk's choice carrying a delta as it is (content, or tool_calls pieces)."""
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
-    def whole(self, text: str, tokens: list[int], finish: str, usage: dict, timings: dict,
-              logprobs: list | None = None, tool_calls: list[dict] | None = None) -> dict:
+    def choice(self, index: int, text: str, tokens: list[int], finish: str, logprobs: list | None = None,
+               tool_calls: list[dict] | None = None) -> dict:
+        """One choice of a whole (not streamed) answer."""
         if self.chat:
             message = {"role": "assistant", "content": text}
             if tool_calls:
                 message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
-            choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+            choice = {"index": index, "message": message, "logprobs": self.logprobs(logprobs, index),
+                      "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": self.logprobs(logprobs, index), "finish_reason": finish}
         if self.return_tokens:
             choice["tokens"] = tokens
+        return choice
+
+    def whole(self, choices: list[dict], usage: dict, timings: dict) -> dict:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "system_fingerprint": FINGERPRINT,
-                "choices": [choice], "usage": usage, "timings": timings}
+                "choices": choices, "usage": usage, "timings": timings}
+
+
+def embeddings_body(model: str, vectors, n_tokens: int, as_base64: bool) -> dict:
+    """/v1/embeddings, in OpenAI's shape: one `embedding` object per input, in order (a list of floats, or with
+    encoding_format "base64" the little-endian float32 bytes in base64), and the input tokens as usage."""
+    data = []
+    for i, v in enumerate(vectors):
+        embedding = base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

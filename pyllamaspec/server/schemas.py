@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..config import INT32_MAX, SEQUENCE_LIMITS
+from ..config import INT32_MAX, MAX_STREAMS, SEQUENCE_LIMITS
 
 
 def _limits(name: str) -> dict:
@@ -146,7 +146,8 @@ class GenerationRequest(SamplingFields):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    # choices, each a sequence of its own (at most the server's slots: the app says how many it has)
+    n: Annotated[int, Field(ge=1, le=MAX_STREAMS)] = 1
     speculative: SpeculativeParams | None = None
     speculative_n_max: DraftLength | None = Field(None, alias="speculative.n_max")
     speculative_n_min: DraftLength | None = Field(None, alias="speculative.n_min")
@@ -279,6 +280,25 @@ class CompletionRequest(GenerationRequest):
 
     def n_probs(self) -> int | None:
         return self.logprobs
+
+
+class EmbeddingRequest(_Strict):
+    """OpenAI's /v1/embeddings: a text, texts, token ids (one input) or lists of token ids."""
+
+    input: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)] | \
+        Annotated[list[list[TokenId]], Field(min_length=1)]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None   # honoured only as the model's own size
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text or its token ids."""
+        x = self.input
+        if isinstance(x, str):
+            return [x]
+        if x and isinstance(x[0], int):
+            return [list(x)]
+        return list(x)
 
 
 class TokenizeRequest(_Strict):
