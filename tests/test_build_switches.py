@@ -140,6 +140,21 @@ def test_rpc_is_in_every_build(tree):
     assert is_on(tree.cache()["GGML_RPC"])
 
 
+def test_what_the_build_machine_happens_to_have_is_linked_only_when_asked(tree):
+    # NCCL and RPC's RDMA transport (libibverbs) are found on some build machines: linked, a package would need them
+    # wherever it is installed
+    for env in ({"PYLLAMASPEC_BACKEND": "cpu"}, {"PYLLAMASPEC_BACKEND": "cuda"}):
+        tree.configure(env=env, expect_ok=None)
+        cache = tree.cache()
+        assert not is_on(cache["GGML_RPC_RDMA"]) and not is_on(cache["GGML_CUDA_NCCL"]), env
+    tree.configure("-DGGML_RPC_RDMA=ON", "-DGGML_CUDA_NCCL=ON", env={"PYLLAMASPEC_BACKEND": "cuda"}, expect_ok=None)
+    cache = tree.cache()
+    assert is_on(cache["GGML_RPC_RDMA"]) and is_on(cache["GGML_CUDA_NCCL"])
+    tree.configure()
+    cache = tree.cache()
+    assert not is_on(cache["GGML_RPC_RDMA"]) and not is_on(cache["GGML_CUDA_NCCL"])
+
+
 def test_backend_does_not_stick_across_pip_builds(tree):
     tree.configure(env={"PYLLAMASPEC_BACKEND": "CUDA"}, expect_ok=None)   # stops at enable_language(CUDA)
     assert tree.cache()["GGML_CUDA"] == "ON"
