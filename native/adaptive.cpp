@@ -94,9 +94,9 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.stale[i] = 0;
     } else if (b.stale[i] && steady) {
         // another session's cost (another time, another load on the machine): this session's first steady run says
-        // what the size costs now - a dearer run within a stall's step of it, so one stalled run does not set it
+        // what the size costs now - a dearer run by at most a stall's step, so one stalled run does not set it
         double & cell = b.ms[i];
-        cell = std::min(ms, cell * (1.0 + STALL_STEP / EMA));
+        cell = std::min(ms, cell * (1.0 + STALL_STEP));
         b.count[i]++;
         b.stale[i] = 0;
     } else {
