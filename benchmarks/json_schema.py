@@ -2,6 +2,14 @@
 model fixed and adaptive), arms interleaved per round, greedy, the same prompts for every arm.
 
 python benchmarks/json_schema.py -m TARGET.gguf -md DRAFTER.gguf --rounds 3 --n-predict 128 --json out.json
+
+With --server NAME=URL (repeated) it sends the same requests instead to OpenAI-compatible servers started beforehand
+(`pyllamaspec serve`, upstream's llama-server): a chat completion with `response_format` json_schema, temperature 0,
+max_tokens n-predict, the servers' order rotated per round after a discarded warm-up request each; tok/s is the
+server's own `timings.predicted_per_second`.
+
+python benchmarks/json_schema.py --server ours=http://127.0.0.1:8081 --server upstream=http://127.0.0.1:8082 \
+    --rounds 8 --n-predict 128 --json out.json
 """
 
 from __future__ import annotations
@@ -27,12 +35,17 @@ ARMS = {"plain": dict(spec_types=[]), "ngram-mod": dict(spec_types=["ngram-mod"]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-m", required=True)
-    ap.add_argument("-md", required=True)
+    ap.add_argument("-m")
+    ap.add_argument("-md")
+    ap.add_argument("--server", action="append", default=[], metavar="NAME=URL")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.server:
+        return servers(a)
+    if not (a.m and a.md):
+        ap.error("-m and -md are needed (or --server NAME=URL)")
     rows: dict[str, list[dict]] = {k: [] for k in ARMS}
     with Model(a.m) as target, Model(a.md) as drafter:
         sessions = {k: SpecSession(target, drafter if "draft-simple" in v["spec_types"] else None,
@@ -66,6 +79,55 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump({"when": time.strftime("%Y-%m-%d %H:%M"), "schema": SCHEMA, "prompts": PROMPTS,
                        "n_predict": a.n_predict, "arms": ARMS, "rows": rows}, f, indent=1)
+
+
+def servers(a) -> None:
+    import httpx
+
+    named = dict(item.split("=", 1) for item in a.server)
+    rows: dict[str, list[dict]] = {k: [] for k in named}
+
+    def ask(url: str, prompt: str, n: int) -> dict:
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": n, "seed": 1,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "records", "schema": SCHEMA}}}
+        r = httpx.post(url.rstrip("/") + "/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        return r.json()
+
+    for url in named.values():  # warm-up, discarded
+        ask(url, PROMPTS[0], 16)
+    names = list(named)
+    for r in range(a.rounds):
+        prompt = PROMPTS[r % len(PROMPTS)]
+        order = names[r % len(names):] + names[:r % len(names)]
+        texts = {}
+        for name in order:
+            out = ask(named[name], prompt, a.n_predict)
+            t = out.get("timings", {})
+            text = out["choices"][0]["message"]["content"]
+            texts[name] = text
+            finish = out["choices"][0]["finish_reason"]
+            parsed = False
+            if finish == "stop":
+                json.loads(text)
+                parsed = True
+            drafted, accepted = t.get("draft_n"), t.get("draft_n_accepted")
+            rows[name].append({"round": r, "tok_s": t.get("predicted_per_second"), "n": t.get("predicted_n"),
+                               "drafted": drafted, "accepted": accepted, "finish": finish, "parsed": parsed,
+                               "text": text})
+        for name in names:
+            rows[name][-1]["same_as_first"] = texts[name] == texts[names[0]]
+    for name, rs in rows.items():
+        tps = [x["tok_s"] for x in rs]
+        drafted = sum(x["drafted"] or 0 for x in rs)
+        acc = sum(x["accepted"] or 0 for x in rs) / drafted if drafted else None
+        print(f"{name:15s} tok/s {statistics.median(tps):6.2f} [{min(tps):.2f}-{max(tps):.2f}]  drafted {drafted}  "
+              f"acceptance {acc if acc is None else round(acc, 2)}  same text as {names[0]} "
+              f"{sum(x['same_as_first'] for x in rs)}/{len(rs)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"when": time.strftime("%Y-%m-%d %H:%M"), "schema": SCHEMA, "prompts": PROMPTS,
+                       "n_predict": a.n_predict, "servers": named, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
