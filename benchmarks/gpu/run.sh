@@ -2,7 +2,8 @@
 # The GPU runs behind BENCHMARKS.md's H200 sections, in phases that each fit one call of a lent machine.
 # Build once per machine session, carry it afterwards:
 #   build      the carried wheels and the CUDA package into /tmp/pls, with the system's g++ (GPU_CXX=... another;
-#              UPSTREAM=1 adds upstream's speculative-simple and llama-bench); then `pack` it into $OUT (pieces of 15 MB) and copy the pieces into .pkg/ here
+#              UPSTREAM=1 adds upstream's speculative-simple and llama-bench); then `pack` it into $OUT (pieces of
+#              15 MB) and copy the pieces into .pkg/ here
 #   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90)
 #   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
 #              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common and the
