@@ -18,8 +18,10 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.atomicfile import atomic_output
 
 SCHEMA = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
     "type": "object", "additionalProperties": False, "required": ["id", "name", "email", "role", "active"],
@@ -75,10 +77,16 @@ def main() -> None:
               f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]  acceptance "
               f"{statistics.median(r['acceptance'] for r in rs):.2f}  AL {statistics.median(r['al'] for r in rs):.2f}  "
               f"same tokens as plain {sum(r['same_as_plain'] for r in rs)}/{len(rs)}")
+    save(a, arms=ARMS, rows=rows)
+
+
+def save(a, **record) -> None:
+    """The run's record into --json (written to a temp file, then renamed), when given."""
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"when": time.strftime("%Y-%m-%d %H:%M"), "schema": SCHEMA, "prompts": PROMPTS,
-                       "n_predict": a.n_predict, "arms": ARMS, "rows": rows}, f, indent=1)
+        doc = {"when": time.strftime("%Y-%m-%d %H:%M"), "schema": SCHEMA, "prompts": PROMPTS, "n_predict": a.n_predict,
+               **record}
+        with atomic_output(Path(a.json), force=True) as tmp:
+            tmp.write_text(json.dumps(doc, indent=1))
 
 
 def servers(a) -> None:
@@ -124,10 +132,7 @@ def servers(a) -> None:
         print(f"{name:15s} tok/s {statistics.median(tps):6.2f} [{min(tps):.2f}-{max(tps):.2f}]  drafted {drafted}  "
               f"acceptance {acc if acc is None else round(acc, 2)}  same text as {names[0]} "
               f"{sum(x['same_as_first'] for x in rs)}/{len(rs)}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"when": time.strftime("%Y-%m-%d %H:%M"), "schema": SCHEMA, "prompts": PROMPTS,
-                       "n_predict": a.n_predict, "servers": named, "rows": rows}, f, indent=1)
+    save(a, servers=named, rows=rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from .model import Model, flag, token_ids
 POOLINGS = {None: "PLS_POOLING_MODEL", "mean": "PLS_POOLING_MEAN", "cls": "PLS_POOLING_CLS", "last": "PLS_POOLING_LAST"}
 
 
-class Embedder:
+class Embedder(_native.NativeOwner):
     """Embeds texts or token ids with a model: `embed(["a", "b"])` is a float32 array of one unit-norm row per
     input. n_ctx is the longest input in tokens (each input is decoded in one batch); pooling is None (the model's
     own: its GGUF's pooling_type, mean for a causal LM that names none), "mean", "cls" or "last". Safe to share
@@ -54,26 +54,6 @@ class Embedder:
         names = {_native.constants()[v]: k for k, v in POOLINGS.items() if k is not None}
         self.pooling: str = names[info.pooling]
         self.n_vocab = model.info.n_vocab
-
-    # -- lifetime ----------------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._handle.closed
-
-    def close(self) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle is not None:
-            handle.close()
-
-    def __enter__(self) -> "Embedder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     # -- embedding ---------------------------------------------------------------------------
 

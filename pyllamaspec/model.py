@@ -124,7 +124,7 @@ def _one_line(engine_error: str) -> str:
     return f"{head} {what}" if head else what
 
 
-class Model:
+class Model(_native.NativeOwner):
     """A GGUF loaded by llama.cpp. Safe to share between threads and sessions; free with close() or a
     with-block. A session keeps the native model alive after close(): close() ends this object's use of it."""
 
@@ -166,24 +166,6 @@ class Model:
     def _use(self):
         """The native model for the length of one call (close() waits for it)."""
         return self._handle.use()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle.closed
-
-    def close(self) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle is not None:
-            handle.close()
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Model('{self.path}', arch={self.info.arch}, n_layer={self.info.n_layer})"

@@ -221,7 +221,7 @@ class AdaptiveInfo:
         return asdict(self)
 
 
-class SpecSession:
+class SpecSession(_native.NativeOwner):
     """A target (and optionally a drafter) with a context, sampler and speculative engine.
 
     One generation at a time; reusable after a generation ends, is stopped, or fails. Safe to use from
@@ -284,10 +284,9 @@ class SpecSession:
 
     def close(self) -> None:
         """Stop a generation in flight (any thread), wait for it to end, free the session."""
-        handle = getattr(self, "_handle", None)
-        if handle is not None:
+        if self._handle is not None:
             self._save_cost_cache()
-            handle.close(before=self._lib.pls_request_stop)
+            self._handle.close(before=self._lib.pls_request_stop)
 
     # -- costs measured on this machine ------------------------------------------------------
 
@@ -353,22 +352,6 @@ class SpecSession:
             if points:
                 costcache.save(self._cost_file[0], self._cost_file[1], [list(p) for p in points])
         except Exception:  # busy (closed from another thread mid-generation), shutting down, read-only disk
-            pass
-
-    @property
-    def closed(self) -> bool:
-        return self._handle.closed
-
-    def __enter__(self) -> "SpecSession":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
             pass
 
     def _read_info(self) -> SessionInfo:

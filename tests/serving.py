@@ -99,6 +99,14 @@ class InProcessServer:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
+    def wait_ready(self, timeout: float = TIMEOUT) -> "InProcessServer":
+        """Until /health says the model is loaded (it loads in a thread after the server starts)."""
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/health", timeout=TIMEOUT).status_code != 200:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.02)
+        return self
+
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(TIMEOUT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,24 @@ from pyllamaspec import Embedder, Model, SessionConfig, SpecSession
 from pyllamaspec.errors import ConfigError, ConfigTypeError, ContextOverflowError
 
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "the quick brown fox"]
+
+
+def errors_in_threads(work, n: int) -> list[Exception]:
+    """work(i) in n threads at once, each to its end: what they raised."""
+    errors: list[Exception] = []
+
+    def run(i):
+        try:
+            work(i)
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 @pytest.fixture(scope="module")
@@ -75,22 +92,14 @@ def test_bad_input_is_refused_naming_the_input(target, embedder):
 
 def test_threads_share_an_embedder_and_each_gets_its_own_vectors(embedder):
     expected = {t: embedder.embed(t)[0] for t in TEXTS[:2]}
-    got, errors = [], []
+    got = []
 
     def work(i):
-        try:
-            for _ in range(3):
-                text = TEXTS[i % 2]
-                got.append((text, embedder.embed(text)[0]))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(3):
+            text = TEXTS[i % 2]
+            got.append((text, embedder.embed(text)[0]))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(got) == 12
+    assert errors_in_threads(work, 4) == [] and len(got) == 12
     assert all(np.allclose(v, expected[text], atol=1e-6) for text, v in got)
 
 
@@ -126,17 +135,10 @@ def _serve(dense_pair, embeddings: bool):
     return InProcessServer(create_app(load, chat_template="chatml", alias="m"))
 
 
-def _ready(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while httpx.get(url + "/health", timeout=30).status_code != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def server(dense_pair):
     with _serve(dense_pair, True) as s:
-        _ready(s.url)
+        s.wait_ready()
         yield s.url
 
 
@@ -184,27 +186,19 @@ def test_unknown_model_and_concurrent_requests(server, embedder):
     r = httpx.post(server + "/v1/embeddings", json={"input": "x", "model": "other"}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     expected = embedder.embed(TEXTS[:2])
-    results, errors = [], []
+    results = []
 
     def one(i):
-        try:
-            r = httpx.post(server + "/v1/embeddings", json={"input": TEXTS[i % 2]}, timeout=120)
-            results.append((i % 2, r.status_code, r.json()["data"][0]["embedding"]))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        r = httpx.post(server + "/v1/embeddings", json={"input": TEXTS[i % 2]}, timeout=120)
+        results.append((i % 2, r.status_code, r.json()["data"][0]["embedding"]))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(results) == 6
+    assert errors_in_threads(one, 6) == [] and len(results) == 6
     assert all(status == 200 and np.allclose(v, expected[k], atol=1e-5) for k, status, v in results)
 
 
 def test_without_embeddings_the_endpoint_says_how_to_get_them(dense_pair):
     with _serve(dense_pair, False) as s:
-        _ready(s.url)
+        s.wait_ready()
         r = httpx.post(s.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
         assert r.status_code == 501
         err = r.json()["error"]

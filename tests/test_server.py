@@ -650,10 +650,7 @@ def test_api_key(models):
     from pyllamaspec.server.app import create_app
 
     with InProcessServer(create_app(_loader(models, 1), api_key="sekret")) as s:
-        deadline = time.monotonic() + TIMEOUT
-        while httpx.get(s.url + "/health", timeout=TIMEOUT).status_code != 200:   # /health needs no key
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        s.wait_ready()   # /health needs no key
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=TIMEOUT)
         assert_openai_error(r, 401, None, "invalid_api_key")
         assert httpx.get(s.url + "/metrics", timeout=TIMEOUT).status_code == 401
@@ -673,8 +670,7 @@ def test_full_queue_answers_429_with_retry_after(models):
     with InProcessServer(app) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
         try:
-            while httpx.get(s.url + "/health", timeout=TIMEOUT).status_code != 200:
-                time.sleep(0.02)
+            s.wait_ready()
             first = c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, stream=True)  # holds the slot
             waiting = {}
             t = threading.Thread(target=lambda: waiting.setdefault(
@@ -705,8 +701,7 @@ def test_shutdown_while_generating_ends_streams_and_closes_the_session(models):
     app = create_app(_loader(models, 2, gate=gate))
     state = app.state.server
     with InProcessServer(app) as s:
-        while httpx.get(s.url + "/health", timeout=TIMEOUT).status_code != 200:
-            time.sleep(0.02)
+        s.wait_ready()
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
         stream = c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=100_000, stream=True)
         it = iter(stream)
@@ -821,8 +816,7 @@ def test_chat_template_kwargs_switch_reasoning_per_request(models):
 
     app = create_app(_loader(models, 1), chat_template=QWEN3_STYLE, enable_thinking=None)
     with InProcessServer(app) as s:
-        while httpx.get(s.url + "/health", timeout=TIMEOUT).status_code != 200:
-            time.sleep(0.02)
+        s.wait_ready()
 
         def prompt_tokens(extra: dict) -> int:
             r = httpx.post(s.url + "/v1/chat/completions", timeout=TIMEOUT, json={

@@ -8,8 +8,6 @@ import json
 import math
 import re
 import subprocess
-import threading
-import time
 
 import pytest
 from clirun import CLI
@@ -187,35 +185,13 @@ def test_a_grammar_rejects_the_drafts_it_forbids(real) -> None:
 # -- the server, with the official client ------------------------------------------------------------------------
 
 
-class _Served:
-    def __init__(self, app) -> None:
-        import uvicorn
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        import httpx
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-        while httpx.get(self.url + "/health", timeout=30).status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(120)
-
-
 @pytest.fixture(scope="module")
 def served(real_pair):
     pytest.importorskip("fastapi")
     pytest.importorskip("openai")
     from pyllamaspec.server.app import Loaded, create_app
+
+    from serving import InProcessServer
 
     def load():
         target, drafter = Model(real_pair[0]), Model(real_pair[1])
@@ -223,8 +199,8 @@ def served(real_pair):
                                                              n_parallel=2))
         return Loaded(target, drafter, session)
 
-    with _Served(create_app(load, alias="qwen")) as s:
-        yield s
+    with InProcessServer(create_app(load, alias="qwen")) as s:
+        yield s.wait_ready(120)
 
 
 @pytest.mark.realmodel

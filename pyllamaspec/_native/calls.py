@@ -149,3 +149,30 @@ class NativeHandle:
         self._free(free)
 
 
+
+
+class NativeOwner:
+    """What owns a NativeHandle as self._handle (a model, a session, an embedder): `closed`, close() (safe before
+    the handle exists, and again), a context manager that closes, and closed when collected."""
+
+    _handle: NativeHandle | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: what close() needs may be gone already
+            pass
