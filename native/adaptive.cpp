@@ -28,6 +28,8 @@ constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the w
 constexpr int32_t PLAIN_REFRESH = 128;     // plain steps at least this often while speculating
 constexpr int32_t STEADY_RUN = 3;          // a size's steady cost: its third run in a row (a GPU graph captured, replayed)
 constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
+constexpr double PROBE_HOPE = 1.0;         // standard errors of acceptance a dear probe's schedule hopes for
+constexpr double EXPLORE_DEAR = 8.0;       // where changing the batch size is dear, rarer by this per cold-to-plain ratio
 constexpr double BEST_CASE_MARGIN = 1.1;   // drafting "could pay" when every token landing beats plain by this
 constexpr double CATCHUP_PLAIN_STEPS = 8.0;  // one catch-up of a draft model costs at most about this many plain steps
 constexpr int32_t STEADY_FIRST = 4;        // a draft model's first decode right after a draft: 1 + what it caught up
@@ -423,8 +425,9 @@ void controller::reset_stream(int32_t stream) {
         return;
     }
     stream_state & s = s_[stream];
-    s.h_src[0].resize(std::max(1, p_.n_max));
-    s.h_src[1].resize(std::max(1, p_.n_max));
+    // its acceptance evidence stays (it fades draft by draft as always): a new prompt's first few drafts must not
+    // outweigh a hundred drafts of the session's (a prompt's drafts are rarely many), and a prompt that drafts
+    // otherwise still overrides it within some tens of drafts
     s.src = 0;
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
     s.probing = false;
@@ -488,6 +491,17 @@ double controller::hazard(const stream_state & s, int32_t i) const {
         return stream_rate;
     }
     return (h.acc[i] + POSITION_WEIGHT * stream_rate) / (h.tri[i] + POSITION_WEIGHT);
+}
+
+double controller::hazard_hopeful(const stream_state & s, int32_t i, double z) const {
+    // the hazard z standard errors higher, by the trials the stream's own drafts and its prior give
+    const double h = hazard(s, i);
+    if (z <= 0.0) {
+        return h;
+    }
+    const hazard_counts & c = s.h();
+    const double n = std::accumulate(c.tri.begin(), c.tri.end(), 0.0) + PRIOR_WEIGHT;
+    return std::min(1.0, h + z * std::sqrt(h * (1.0 - h) / n));
 }
 
 std::vector<double> controller::pooled_hazards() const {
@@ -664,10 +678,16 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
         if (!active[i] || !s.off || v.free[i] > 0) {
             continue;  // on, or off with a free draft this step: the rows judge it, no probe needed
         }
-        const int32_t len = s.gap > 0 || v.cap[i] <= 0 ? 0
-                            : s.repeat_k > 0         ? std::min(v.cap[i], s.repeat_k)
-                                                     : probe_len(i, v.cap[i], v.bucket, v.free, v.n_active == 1);
+        int32_t len = s.gap > 0 || v.cap[i] <= 0 ? 0
+                      : s.repeat_k > 0         ? std::min(v.cap[i], s.repeat_k)
+                                               : probe_len(i, v.cap[i], v.bucket, v.free, v.n_active == 1);
         s.repeat_k = 0;
+        if (len == PROBE_K && s.k_on > PROBE_K && cold_dear(v.bucket) && target_.measured_for(1 + PROBE_K, v.bucket, 2)) {
+            // where a probe's cost is mostly its cold batch (a GPU's), one at the length the stream last drafted at
+            // costs little more than a short one, lands more tokens, and says more of its acceptance (once the short
+            // probe's size is measured: else the schedule keeps measuring it)
+            len = std::min(v.cap[i], s.k_on);
+        }
         if (s.gap <= 0 && len == 0) {
             s.gap = std::max(s.gap_len, GAP_MIN);
         } else if (s.gap <= 0) {
@@ -756,6 +776,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             continue;
         }
         s.steps++;
+        s.k_on = best[i];
         // learn what one more position costs and how often it lands: often while its batch size was measured only
         // once (that run may have paid a warm-up), now and then otherwise
         int32_t t_next = 0;
@@ -766,7 +787,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         // a try of one more position changes the batch size twice (there and back): rarer where that is dear
         const double plain = plain_step_ms(1, v.bucket);
         if (plain > 0.0 && cold > 0.5 * plain) {
-            one_in = (uint32_t) std::min(4096.0, one_in * 2.0 * cold / plain);
+            one_in = (uint32_t) std::min(4096.0, one_in * EXPLORE_DEAR * cold / plain);
         }
         if (best[i] < std::min(v.cap[i], explore_cap) && (rng_() % one_in) == 0) {
             best[i]++;
@@ -1002,6 +1023,7 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
 struct controller::step_totals {
     int32_t n_active = 0, n_tok = 0, n_drafting = 0, n_model = 0, first = 0, k_sum = 0, k_top = 0, rest_rows = 0;
     int32_t committed = 0;
+    int32_t behind = 0;  // the most tokens a drafting stream's drafter had to catch up on
     int32_t bucket = 0;
     bool timed = false;  // the step verified only (no prompt rows): its costs are a verify's
 };
@@ -1023,6 +1045,7 @@ controller::step_totals controller::totals_of(const step_obs & o) const {
             t.k_sum += d;
             t.k_top = std::max(t.k_top, d);
             const bool from_model = o.source.empty() || !o.source[i];
+            t.behind = std::max(t.behind, o.n_catchup.empty() ? 0 : o.n_catchup[i]);
             if (from_model) {
                 t.n_model++;
                 t.rest_rows += d - 1;
@@ -1068,7 +1091,12 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             const int32_t size = p_.kind == DRAFTER_AUTOREGRESSIVE ? t.k_sum
                                  : p_.kind == DRAFTER_BLOCK        ? t.n_drafting * (t.k_top + 1)
                                                                    : t.n_drafting;
-            draft_call_.observe(size, 0, o.t_draft_call_ms);
+            // a drafter that reads the target's features (DFlash, EAGLE3, MTP) first takes in those of the tokens
+            // decoded since it last ran: after plain steps (a probe) its call is that much dearer - a cost of the
+            // plain steps before, not of drafting, which priced by it would look too dear to turn back on
+            if (t.behind <= p_.n_max + 1) {
+                draft_call_.observe(size, 0, o.t_draft_call_ms);
+            }
             draft_ms = o.t_draft_call_ms;
         }
     }
@@ -1127,7 +1155,7 @@ void controller::observe_ledgers(const step_obs & o, const step_totals & t) {
     }
 }
 
-bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i) const {
+bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i, double z) const {
     // would drafting pay for stream i next to what the others drafted in this step?
     const int32_t n = (int32_t) s_.size();
     std::vector<int32_t> k(n, 0), act(o.active.begin(), o.active.begin() + n), pend(n, 0);
@@ -1150,7 +1178,7 @@ bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i
     const double switch_ms = cold_dear(t.bucket) ? 2.0 * SWITCH_WEIGHT * cold_ms() / SWITCH_STEPS : 0.0;
     double expect = t.n_active + others, surv = 1.0;
     for (int32_t j = 0; j < p_.n_max; ++j) {
-        surv *= hazard(s_[i], j);
+        surv *= hazard_hopeful(s_[i], j, z);
         expect += surv;
         k[i] = j + 1;
         if (expect / (predict_step(k, act, pend, t.bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base) {
@@ -1192,7 +1220,14 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             s.owed_run = 0;
         }
         s.repeat_k = follow && repeat ? o.n_drafted[i] : 0;
-        s.gap_len = follow ? 0 : owed ? GAP_MIN : std::min(std::max(2 * s.gap_len, cap / 4), cap);
+        // where probes are dear (a GPU's, spaced widely) and drafting would pay at an acceptance a standard error
+        // better than estimated (few drafts, or near break-even), the next probe comes sooner, not later: a run of
+        // bad luck at an acceptance that pays is outweighed within a few probes, not generations
+        const bool plausible = cold_dear(t.bucket) && probe_pays(o, t, i, PROBE_HOPE);
+        s.gap_len = follow     ? 0
+                    : owed      ? GAP_MIN
+                    : plausible ? std::max(GAP_MIN, s.gap_len / 2)
+                                : std::min(std::max(2 * s.gap_len, cap / 4), cap);
         s.gap = s.gap_len;
     }
 }

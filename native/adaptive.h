@@ -212,6 +212,7 @@ private:
         int32_t repeat_k = 0;      // the next probe repeats this draft length (its batch measured in a steady run)
         int32_t resume_gap = 0;    // a new prompt found the stream off: the steps left of its probe interval
         int32_t steps = 0;
+        int32_t k_on = 0;          // the length it drafted at when it last drafted by choice (not a probe)
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
         std::vector<double> led_real, led_plain, led_tok;
         int32_t led_pos = 0;
@@ -223,7 +224,7 @@ private:
     void observe_costs(const step_obs & o, const step_totals & t);
     void observe_acceptance(const step_obs & o);
     void observe_ledgers(const step_obs & o, const step_totals & t);
-    bool probe_pays(const step_obs & o, const step_totals & t, int32_t stream) const;
+    bool probe_pays(const step_obs & o, const step_totals & t, int32_t stream, double z = 0.0) const;
     void observe_probes(const step_obs & o, const step_totals & t);
 
     // choose(), step by step: what the step is; plain steps owed; how long a draft may be before drafting was priced;
@@ -241,6 +242,7 @@ private:
                        int32_t explore_cap);
 
     double hazard(const stream_state & s, int32_t i) const;
+    double hazard_hopeful(const stream_state & s, int32_t i, double z) const;
     double pooled(int32_t i, int32_t src = 0, const hazard_counts * except = nullptr) const;
     double predict_step(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
                         const std::vector<int32_t> & pending, int32_t bucket,

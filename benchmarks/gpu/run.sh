@@ -84,7 +84,7 @@ phase_g27d16k() {  # depth 16384 alone (its prompts take most of a call)
 }
 phase_g35() {
     phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
-        --sweep-n-max 15
+        --sweep-n-max "${SWEEP_MAX:-15}"
 }
 phase_g35cpu() {
     phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41

@@ -46,6 +46,7 @@ class CostModel:
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
     plain_first: list = field(default_factory=list)
     draft_call: dict = field(default_factory=dict)   # block length - 1 (DFlash) or draft length -> [ms] per drafting step
+    call_behind: list = field(default_factory=list)  # (tokens caught up, ms beyond the call's steady cost): after plain steps
     draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
     rest: list = field(default_factory=list)          # step time beyond target and drafter -> [ms]
@@ -56,6 +57,7 @@ class CostModel:
         kinds = {KIND_OF_SPEC.get(a["setup"].get("spec_type"), "model") for a in arms if a["arm"] != "plain"}
         m = cls(kind=kinds.pop() if len(kinds) == 1 else "model",
                 depth=depth if depth is not None else arms[0]["setup"]["depth"])
+        behind: list = []
         for a in arms:
             if depth is not None and a["setup"]["depth"] != depth:
                 continue
@@ -83,7 +85,12 @@ class CostModel:
                     prev.append(n)
                     if s["drafted"] > 0 and s["t_draft_call"] > 0:
                         key = s["k"] if per_draft or m.kind == "autoregressive" else n_max
-                        m.draft_call.setdefault(key, []).append(s["t_draft_call"])
+                        # a drafter reading the target's features first takes in those of the tokens decoded since
+                        # it last ran: a call after plain steps (a probe) is priced apart, by what it caught up
+                        if s["catchup"] <= n_max + 1:
+                            m.draft_call.setdefault(key, []).append(s["t_draft_call"])
+                        else:
+                            behind.append((key, s["catchup"], s["t_draft_call"]))
                     if s["drafted"] > 0 and s["t_draft_first"] > 0:
                         m.draft_first.append((s["catchup"], s["t_draft_first"]))
                         if s["draft_iters"]:
@@ -92,7 +99,14 @@ class CostModel:
                     m.rest.append(max(0.0, s["t_step"] - s["t_target"] - drafter))
         if not m.target:
             raise ValueError("the trace holds no single-stream steps to learn costs from")
+        for key, n, ms in behind:
+            if m.draft_call:
+                m.call_behind.append((n, max(0.0, ms - m._call_median(key))))
         return m
+
+    def _call_median(self, key: int) -> float:
+        near = min(self.draft_call, key=lambda x: abs(x - key))
+        return statistics.median(self.draft_call[near])
 
     # -- costs of a step ------------------------------------------------------------------------
 
@@ -140,9 +154,10 @@ class CostModel:
             return rng.choice(near), rest, k - 1, 0.0
         # a block drafter's block is as long as the draft (patch 0007); an autoregressive one drafts k tokens
         key = k
+        extra = self.behind_ms(catchup, n_max, rng)
         calls = self.draft_call.get(key)
         if calls:
-            return 0.0, 0.0, 0, rng.choice(calls)
+            return 0.0, 0.0, 0, rng.choice(calls) + extra
         keys = sorted(self.draft_call)
         if not keys:
             return 0.0, 0.0, 0, 0.0
@@ -155,7 +170,15 @@ class CostModel:
             want = med[near] + slope * (key - near)
         else:
             want = med[near]
-        return 0.0, 0.0, 0, rng.choice(self.draft_call[near]) * max(0.1, want / med[near])
+        return 0.0, 0.0, 0, rng.choice(self.draft_call[near]) * max(0.1, want / med[near]) + extra
+
+    def behind_ms(self, catchup: int, n_max: int, rng: random.Random) -> float:
+        """What a feature-reading drafter's call costs beyond its steady one for catching up on `catchup` tokens:
+        the per-token extra of a recorded call that caught up on about as many (none within a steady run's)."""
+        if catchup <= n_max + 1 or not self.call_behind:
+            return 0.0
+        near = sorted(self.call_behind, key=lambda c: abs(c[0] - catchup))[:8]
+        return catchup * rng.choice([ms / n for n, ms in near])
 
     def rest_ms(self, rng: random.Random) -> float:
         return rng.choice(self.rest) if self.rest else 0.0
@@ -244,6 +267,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
                 k = max(0, min(fixed, cap))
             else:
                 k = ctl.choose([cap], [pos], [1], [pending if model.kind == "model" else 0])[0]
+            catchup = 0
             n = k + 1
             age = 0
             for p in reversed(prev):
@@ -255,7 +279,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             else:
                 t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng)
             first = rest = call = 0.0
-            iters, catchup = 0, 0
+            iters = 0
             if k > 0:
                 catchup = pending
                 first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng)
@@ -266,8 +290,12 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
                 ctl.observe(Observation(k=[k], drafted=[k], accepted=[a], depth=[pos], active=[1], catchup=[catchup],
                                         t_draft_first=first, t_draft_rest=rest, draft_iters=iters, t_draft_call=call,
                                         t_target=t_target, t_step=t_step))
-            # a draft model that drafted saw all but a token it never decoded; one that did not falls behind
-            pending = (1 if a == k else 0) if k > 0 else pending + committed
+            # a draft model that drafted saw all but a token it never decoded; one that did not falls behind. A
+            # drafter reading the target's features takes in those of every committed token at its next call
+            if model.kind == "model":
+                pending = (1 if a == k else 0) if k > 0 else pending + committed
+            else:
+                pending = committed if k > 0 else pending + committed
             prev.append(n)
             t_gen += t_step
             pos += committed
