@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <regex>
 
 namespace pls {
 
@@ -32,7 +33,8 @@ const char * skip_space(const char * pos) {
 
 }  // namespace
 
-void check_grammar(const llama_model * model, const std::string & grammar) {
+void check_grammar(const llama_model * model, const std::string & grammar,
+                   const std::vector<common_grammar_trigger> & triggers) {
     if (grammar.find('\0') != std::string::npos) {
         fail(PLS_ERR_INVALID, "grammar: the text holds a NUL character");
     }
@@ -67,8 +69,31 @@ void check_grammar(const llama_model * model, const std::string & grammar) {
     // what the sampler will do with it: left recursion and the like are refused there, with a logged reason
     clear_last_error();
     llama_sampler * g = nullptr;
+    // a lazy grammar's triggers as upstream's sampler takes them (words escaped, full patterns anchored)
+    std::vector<std::string> patterns;
+    std::vector<llama_token> tokens;
+    for (const common_grammar_trigger & t : triggers) {
+        switch (t.type) {
+            case COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN: tokens.push_back(t.token); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_WORD: patterns.push_back(regex_escape(t.value)); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN: patterns.push_back(t.value); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL:
+                patterns.push_back((t.value.empty() || t.value.front() != '^' ? "^" : "") + t.value +
+                                   (t.value.empty() || t.value.back() != '$' ? "$" : ""));
+                break;
+        }
+    }
+    std::vector<const char *> patterns_c;
+    for (const std::string & pat : patterns) {
+        patterns_c.push_back(pat.c_str());
+    }
     try {
-        g = llama_sampler_init_grammar(llama_model_get_vocab(model), grammar.c_str(), "root");
+        const llama_vocab * vocab = llama_model_get_vocab(model);
+        g = triggers.empty() ? llama_sampler_init_grammar(vocab, grammar.c_str(), "root")
+                             : llama_sampler_init_grammar_lazy_patterns(vocab, grammar.c_str(), "root", patterns_c.data(),
+                                                                        patterns_c.size(), tokens.data(), tokens.size());
+    } catch (const std::regex_error & e) {
+        fail(PLS_ERR_INVALID, "grammar_triggers: a pattern is not a regular expression: " + short_message(e.what()));
     } catch (const std::exception & e) {
         fail(PLS_ERR_INVALID, "grammar cannot be used: " + short_message(e.what()));
     }
@@ -124,9 +149,44 @@ sampling_spec read_sampling(const llama_model * model, const pls_sampling_params
     s.penalty_present = p->penalty_present;
     s.penalty_last_n = p->penalty_last_n;
     s.n_probs = p->n_probs;
+    if (p->n_triggers < 0 || (p->n_triggers > 0 && p->triggers == nullptr)) {
+        fail(PLS_ERR_INVALID, "grammar_triggers: a count >= 0 and the triggers it counts");
+    }
+    if (p->n_triggers > 0 && (p->grammar == nullptr || p->grammar[0] == '\0')) {
+        fail(PLS_ERR_INVALID, "grammar_triggers: triggers start a grammar, and none is given");
+    }
+    for (int32_t i = 0; i < p->n_triggers; ++i) {
+        const pls_grammar_trigger & t = p->triggers[i];
+        common_grammar_trigger c;
+        switch (t.type) {
+            case PLS_TRIGGER_TOKEN:
+                if (t.token < 0 || t.token >= n_vocab) {
+                    fail(PLS_ERR_INVALID, "grammar_triggers: token " + std::to_string(t.token) +
+                                          " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
+                }
+                c.type = COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN;
+                c.token = t.token;
+                break;
+            case PLS_TRIGGER_WORD:
+            case PLS_TRIGGER_PATTERN:
+            case PLS_TRIGGER_PATTERN_FULL:
+                if (t.value == nullptr || t.value[0] == '\0') {
+                    fail(PLS_ERR_INVALID, "grammar_triggers: a word or pattern trigger needs its text");
+                }
+                c.type = t.type == PLS_TRIGGER_WORD      ? COMMON_GRAMMAR_TRIGGER_TYPE_WORD
+                         : t.type == PLS_TRIGGER_PATTERN ? COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN
+                                                         : COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL;
+                c.value = t.value;
+                break;
+            default:
+                fail(PLS_ERR_INVALID, "grammar_triggers: type " + std::to_string(t.type) +
+                                      " is none of token, word, pattern, pattern_full");
+        }
+        s.triggers.push_back(c);
+    }
     if (p->grammar != nullptr && p->grammar[0] != '\0') {
         s.grammar = p->grammar;
-        check_grammar(model, s.grammar);
+        check_grammar(model, s.grammar, s.triggers);
     }
     return s;
 }
@@ -134,6 +194,8 @@ sampling_spec read_sampling(const llama_model * model, const pls_sampling_params
 void apply_sampling(const sampling_spec & spec, int32_t n_ctx_seq, common_params_sampling & out) {
     if (!spec.grammar.empty()) {
         out.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, spec.grammar);
+        out.grammar_lazy = !spec.triggers.empty();
+        out.grammar_triggers = spec.triggers;
     }
     out.penalty_repeat = spec.penalty_repeat;
     out.penalty_freq = spec.penalty_freq;

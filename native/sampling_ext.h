@@ -14,6 +14,7 @@ namespace pls {
 
 struct sampling_spec {
     std::string grammar;                   // GBNF; empty: none
+    std::vector<common_grammar_trigger> triggers;  // given: the grammar is lazy, it applies from the first
     float penalty_repeat = 1.0f;
     float penalty_freq = 0.0f;
     float penalty_present = 0.0f;
@@ -34,7 +35,8 @@ sampling_spec read_sampling(const llama_model * model, const pls_sampling_params
 void apply_sampling(const sampling_spec & spec, int32_t n_ctx_seq, common_params_sampling & out);
 
 // Throws PLS_ERR_INVALID with the parser's message when grammar does not parse or has no root for the vocabulary.
-void check_grammar(const llama_model * model, const std::string & grammar);
+void check_grammar(const llama_model * model, const std::string & grammar,
+                   const std::vector<common_grammar_trigger> & triggers = {});
 
 // The log-probability of token under the softmax of the raw logits, and the n_top most likely tokens.
 void token_logprob(const float * logits, int32_t n_vocab, llama_token token, int32_t n_top, pls_token_logprob & out);

@@ -313,6 +313,40 @@ def check_sampling_shape(name: str, value: Any, owner: str = "") -> Any:
     return tuple(sorted(out.items())) or None
 
 
+GRAMMAR_TRIGGER_TYPES = ("token", "word", "pattern", "pattern_full")  # PLS_TRIGGER_* in this order
+
+
+def check_grammar_triggers(value: Any) -> tuple[tuple[str, str, int], ...] | None:
+    """Lazy-grammar triggers as kept: a tuple of (type, value, token), from objects with type/value/token
+    attributes (pyllamaspec.chat.GrammarTrigger), mappings with those keys, or such triples. ParamError names the
+    field; the regular expressions and tokens are checked natively, against the model."""
+    if value is None:
+        return None
+    name = "grammar_triggers"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
+        raise ParamError(name, f"{name} must be a non-empty list of triggers (type, value, token)")
+    out = []
+    for item in value:
+        if isinstance(item, Mapping):
+            kind, text, token = item.get("type"), item.get("value", ""), item.get("token", -1)
+        elif hasattr(item, "type") and hasattr(item, "value"):
+            kind, text, token = item.type, item.value, getattr(item, "token", -1)
+        else:
+            try:
+                kind, text, token = item
+            except (TypeError, ValueError):
+                raise ParamError(name, f"{name}: {item!r} is not a trigger (type, value, token)") from None
+        if kind not in GRAMMAR_TRIGGER_TYPES:
+            raise ParamError(name, f"{name}: type {kind!r} is none of {', '.join(GRAMMAR_TRIGGER_TYPES)}")
+        if not isinstance(text, str) or "\0" in text or (kind != "token" and not text):
+            raise ParamError(name, f"{name}: a {kind} trigger needs its text (a str without NUL)")
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or \
+                (kind == "token" and not 0 <= token <= INT32_MAX):
+            raise ParamError(name, f"{name}: token {token!r} must be a token id (an int >= 0)")
+        out.append((kind, text, int(token)))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class SequenceParams:
     """One sequence's settings in a running batch (SpecSession.submit, the server's requests). None: the
@@ -338,10 +372,16 @@ class SequenceParams:
     logit_bias: Any = None
     # the log-probability of every generated token and of this many alternatives (None: no log-probabilities)
     n_probs: int | None = None
+    # where the grammar (or the JSON schema's) starts to apply - the text before the first trigger is free (a chat
+    # template's tool calls): (type, value, token) each, type one of GRAMMAR_TRIGGER_TYPES; None: from the start
+    grammar_triggers: Any = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "grammar_triggers":
+                object.__setattr__(self, f.name, check_grammar_triggers(value))
+                continue
             if f.name in SAMPLING_SHAPES:
                 object.__setattr__(self, f.name, check_sampling_shape(f.name, value))
                 continue
@@ -352,6 +392,8 @@ class SequenceParams:
             object.__setattr__(self, f.name, int(value) if integer else float(value))
         if self.grammar is not None and self.json_schema is not None:
             raise ParamError("grammar", "give a grammar or a JSON schema, not both")
+        if self.grammar_triggers is not None and self.grammar is None and self.json_schema is None:
+            raise ParamError("grammar_triggers", "grammar_triggers start a grammar: give one (grammar or json_schema)")
 
     def given(self) -> dict[str, Any]:
         """The settings given (not None), n_predict included."""

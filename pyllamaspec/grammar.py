@@ -46,6 +46,7 @@ class SamplingShape:
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     n_probs: int = -1                 # -1: no log-probabilities
+    triggers: tuple[tuple[str, str, int], ...] = ()  # lazy: the grammar applies from the first (config.py)
 
     @classmethod
     def of(cls, config: SessionConfig, params: SequenceParams | None = None) -> "SamplingShape":
@@ -65,7 +66,8 @@ class SamplingShape:
         bias = own.logit_bias if own.logit_bias is not None else config.logit_bias
         return cls(grammar=grammar or None, repeat_penalty=pick("repeat_penalty"), repeat_last_n=pick("repeat_last_n"),
                    frequency_penalty=pick("frequency_penalty"), presence_penalty=pick("presence_penalty"),
-                   logit_bias=tuple(bias or ()), n_probs=-1 if own.n_probs is None else own.n_probs)
+                   logit_bias=tuple(bias or ()), n_probs=-1 if own.n_probs is None else own.n_probs,
+                   triggers=own.grammar_triggers or ())
 
     def native(self, ffi):
         """pls_sampling_params, and the C buffers it points into (keep them alive)."""
@@ -88,4 +90,17 @@ class SamplingShape:
             p.logit_bias = arr
             p.n_logit_bias = len(self.logit_bias)
         p.n_probs = self.n_probs
+        if self.triggers:
+            arr = ffi.new("pls_grammar_trigger[]", len(self.triggers))
+            const = _native.constants()
+            for i, (kind, text, token) in enumerate(self.triggers):
+                arr[i].type = const["PLS_TRIGGER_" + kind.upper()]
+                if kind != "token":
+                    buf = ffi.new("char[]", text.encode())
+                    keep.append(buf)
+                    arr[i].value = buf
+                arr[i].token = token
+            keep.append(arr)
+            p.triggers = arr
+            p.n_triggers = len(self.triggers)
         return p, keep

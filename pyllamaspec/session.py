@@ -123,8 +123,8 @@ class Stats:
 
 def _sampling_param(message: str, params: SequenceParams) -> str | None:
     """The SequenceParams field a native refusal of a sequence's sampling names (its message starts with it)."""
-    for name in ("grammar", "logit_bias", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
-                 "n_probs"):
+    for name in ("grammar_triggers", "grammar", "logit_bias", "repeat_penalty", "repeat_last_n", "frequency_penalty",
+                 "presence_penalty", "n_probs"):
         if message.startswith(name):
             return "json_schema" if name == "grammar" and params.json_schema is not None else name
     return None
@@ -675,8 +675,8 @@ class SpecSession(_native.NativeOwner):
         """Queue a sequence to join the running batch (any thread); returns its slot. Its prompt is processed in
         chunks alongside the other sequences at the next step_sequences() calls. Settings left None are the
         session's; n_max may only lower the session's draft ceiling; `sampling` takes SequenceParams' other
-        fields (grammar, json_schema, penalties, logit_bias, n_probs). The settings are checked as SequenceParams
-        checks them (ConfigTypeError for a wrong type, ConfigError for a value out of range)."""
+        fields (grammar, json_schema, grammar_triggers, penalties, logit_bias, n_probs). The settings are checked
+        as SequenceParams checks them (ConfigTypeError for a wrong type, ConfigError for a value out of range)."""
         params = SequenceParams(n_predict=n_predict, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                 n_max=n_max, n_min=n_min, p_min=p_min, **sampling)
         return self.submit_params(prompt, params)

@@ -124,6 +124,69 @@ def test_sampling_settings_that_cannot_be_honoured_are_refused_naming_the_field(
         SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=256, grammar="root ::= ("))
 
 
+def _gbnf_literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def test_a_lazy_grammar_holds_from_its_trigger_on_and_speculation_commits_the_same(dense) -> None:
+    # a chat template's tool-call grammar is lazy: the reply is free text until the call opens (a trigger), and
+    # from there only what the grammar allows. Here: the plain run's own 4th token opens it, and after it only
+    # letters a-f may come (the plain run goes on otherwise)
+    target, drafter, ref = dense
+    pieces = [target.detokenize([t]) for t in ref.tokens]
+    # a token whose text is new to the run at its position, followed by one the grammar forbids
+    i = next(j for j in range(2, len(pieces) - 1) if re.search("[^a-f]", pieces[j + 1]) and pieces[j].strip()
+             and pieces[j] not in "".join(pieces[:j]) + pieces[j][:-1])
+    trigger, text = ref.tokens[i], pieces[i]
+    grammar = f"root ::= {_gbnf_literal(text)} [a-f]+"
+    n = i + 12
+
+    def after_trigger(tokens):
+        assert tokens[:i + 1] == ref.tokens[:i + 1]  # free until the trigger, as the plain run
+        rest = target.detokenize(tokens[i + 1:])
+        assert rest and re.fullmatch("[a-f]+", rest), rest
+        return tokens
+
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=512)) as s:
+        by_token = after_trigger(run_submitted(s, PROMPT, n, grammar=grammar,
+                                               grammar_triggers=[("token", "", trigger)])[0])
+        by_word = run_submitted(s, PROMPT, n, grammar=grammar, grammar_triggers=[("word", text, -1)])[0]
+        never = run_submitted(s, PROMPT, n, grammar=grammar, grammar_triggers=[("word", "never-in-the-text", -1)])[0]
+        eager = run_submitted(s, PROMPT, n, grammar=grammar)[0]
+    assert by_word == by_token and never == ref.tokens[:n]
+    assert target.detokenize(eager).startswith(text) and eager[:i + 1] != ref.tokens[:i + 1]
+    with SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=4, adaptive=False,
+                                                    n_ctx=512)) as s:
+        spec = run_submitted(s, PROMPT, n, grammar=grammar, grammar_triggers=[("token", "", trigger)])[0]
+        assert s.stats().n_drafted > 0
+    assert after_trigger(spec) == by_token
+
+
+def test_grammar_triggers_that_cannot_be_honoured_are_refused_naming_them(dense) -> None:
+    from pyllamaspec.config import SequenceParams
+    from pyllamaspec.chat import GrammarTrigger
+
+    target, _drafter, _ref = dense
+    g = 'root ::= "a"'
+    for kw in (dict(grammar=g, grammar_triggers=[]), dict(grammar=g, grammar_triggers="<tool_call>"),
+               dict(grammar=g, grammar_triggers=[("sometimes", "x", -1)]),
+               dict(grammar=g, grammar_triggers=[("word", "", -1)]),
+               dict(grammar=g, grammar_triggers=[("token", "", -2)]), dict(grammar_triggers=[("word", "x", -1)])):
+        with pytest.raises(ParamError) as e:
+            SequenceParams(**kw)
+        assert e.value.param == "grammar_triggers", kw
+    # the template's own trigger objects and mappings are taken as they are
+    assert SequenceParams(grammar=g, grammar_triggers=[GrammarTrigger("word", "<x>"), {"type": "token", "token": 3}]
+                          ).grammar_triggers == (("word", "<x>", -1), ("token", "", 3))
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=256)) as s:
+        for triggers, words in (([("pattern", "(", -1)], "not a regular expression"),
+                                ([("token", "", 10 ** 6)], "outside the vocabulary")):
+            with pytest.raises(ParamError) as e:
+                s.submit(PROMPT, 4, grammar=g, grammar_triggers=triggers)
+            assert e.value.param == "grammar_triggers" and words in str(e.value), str(e.value)
+        assert len(run_submitted(s, PROMPT, 3)[0]) == 3
+
+
 # -- the real pair: JSON schemas under every kind of speculation -------------------------------------------------
 
 

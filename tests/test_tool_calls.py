@@ -183,6 +183,30 @@ def test_a_required_call_starts_as_the_template_writes_calls(target):
     assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("get_weather", {"city": "Oslo"})]
 
 
+def test_an_auto_reply_samples_with_the_templates_lazy_grammar_and_a_prefilled_one_without(target):
+    # tool_choice auto: free text until the template's call opens, then calls of the offered tools only (the
+    # grammar the template gives, lazy); required is prefilled with the call's opening, which the grammar would not
+    # expect at the reply's start; none reads no calls
+    from pyllamaspec.config import SequenceParams
+    from pyllamaspec.server.tools import ToolPlan, ToolSettings
+
+    auto = ToolPlan(plan(target), ToolSettings([WEATHER, CLOCK], "auto", True), target)
+    sampling = auto.sampling()
+    assert sampling["grammar"] == plan(target).grammar and "get_time" in sampling["grammar"]
+    assert [t.value for t in sampling["grammar_triggers"]] == ["<tool_call>\n"]
+    params = SequenceParams(n_predict=8, **sampling)
+    assert params.grammar_triggers == (("word", "<tool_call>\n", -1),)
+    # the session takes it (the grammar and its trigger check against the model); nothing opens a call here
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=1024)) as s:
+        s.submit_params(target.tokenize(plan(target).prompt), params)
+        left = 1
+        while left:
+            _, left = s.step_sequences()
+    assert ToolPlan(plan(target, "required"), ToolSettings([WEATHER], "required", True), target,
+                    '<tool_call>\n{"name": "').sampling() == {}
+    assert ToolPlan(plan(target, "none"), ToolSettings([WEATHER], "none", True), target).sampling() == {}
+
+
 # -- the server on the synthetic models: what is refused, what reaches the prompt ------------------------
 
 

@@ -609,6 +609,21 @@ typedef struct pls_logit_bias {
     float   bias;                   /* added to the token's logit; -INFINITY bans it */
 } pls_logit_bias;
 
+/* Where a lazy grammar starts to apply (a chat template's tool-call format): the text before the first trigger is
+ * free, the grammar holds from the trigger on (llama.cpp's grammar triggers). */
+enum {
+    PLS_TRIGGER_TOKEN = 0,          /* the token `token` */
+    PLS_TRIGGER_WORD = 1,           /* the text `value` */
+    PLS_TRIGGER_PATTERN = 2,        /* a regular expression (ECMAScript) matching the output so far, anywhere */
+    PLS_TRIGGER_PATTERN_FULL = 3    /* a regular expression matching the whole output so far */
+};
+
+typedef struct pls_grammar_trigger {
+    int32_t      type;              /* PLS_TRIGGER_* */
+    const char * value;             /* the word or pattern (NULL for a token) */
+    int32_t      token;             /* the token of PLS_TRIGGER_TOKEN */
+} pls_grammar_trigger;
+
 typedef struct pls_sampling_params {
     const char * grammar;           /* GBNF (llama.cpp's grammar format, rule "root"); NULL or "": none */
     float    penalty_repeat;        /* 1: off (llama.cpp's --repeat-penalty) */
@@ -619,6 +634,8 @@ typedef struct pls_sampling_params {
     int32_t  n_logit_bias;
     int32_t  n_probs;               /* -1: no log-probabilities; 0..PLS_MAX_TOP_LOGPROBS: each committed token's
                                      * log-probability and this many of the most likely alternatives */
+    const pls_grammar_trigger * triggers;  /* given (n_triggers > 0): the grammar is lazy, it applies from the first */
+    int32_t  n_triggers;
 } pls_sampling_params;
 
 /* A committed token's log-probability under the target's distribution at its position (log-softmax of the raw

@@ -294,8 +294,9 @@ def _choice_params(params: SequenceParams, index: int, session_seed: int) -> Seq
 
 def _request_field(req, param: str | None) -> str | None:
     """The request's name of a SequenceParams field (a grammar's problem is the field that gave the grammar)."""
-    if param in ("grammar", "json_schema"):
-        return req.shape_source() or param
+    if param in ("grammar", "json_schema", "grammar_triggers"):
+        # a request with tools has no grammar of its own: the tool-call grammar is the template's, for its tools
+        return req.shape_source() or ("tools" if getattr(req, "tools", None) else param)
     if param == "n_probs":
         return "top_logprobs" if hasattr(req, "top_logprobs") else "logprobs"
     return _REQUEST_FIELD.get(param, param)
@@ -488,6 +489,8 @@ async def _generate(state: ServerState, request: Request, req, kind: str, tokens
     prompt_param = "messages" if kind == "chat" else "prompt"
     stops = tuple(req.stop_strings()) + (tools.stops if tools is not None else ())
     params = _sequence_params(req, state.n_predict, state.temperature)
+    if tools is not None:
+        params = dataclasses.replace(params, **tools.sampling())
     loop = asyncio.get_running_loop()
     jobs = [Job(tokens, _choice_params(params, i, state.loaded.session.config.seed), loop, prompt_param, stops,
                 field_name=lambda param: _request_field(req, param),

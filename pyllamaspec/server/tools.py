@@ -163,8 +163,9 @@ def call_opening(render, name: str | None) -> str:
     """How a reply that must call a tool begins, in the template's own format: the text the template writes
     before a call's function name (with a named function: through the name, up to its first argument). Found by
     rendering a conversation with and without a marked call (render(messages, add_generation_prompt) -> prompt).
-    The sampler here takes no grammar, so tool_choice 'required' (or a named function) is honoured by starting
-    the reply with this text in the prompt; a template that does not render calls that way is refused."""
+    The sampler applies no lazy grammar (one that starts at a trigger: the template's call format), so tool_choice
+    'required' (or a named function) is honoured by starting the reply with this text in the prompt; a template
+    that does not render calls that way is refused."""
     base = [{"role": "user", "content": "x"}]
     call = {"role": "assistant", "content": "", "tool_calls": [{
         "id": "call_0", "type": "function",
@@ -200,6 +201,16 @@ class ToolPlan:
                 special.add(ids[0])
         self.special_tokens = frozenset(special)
         self.stops = tuple(s for s in plan.additional_stops if s)
+
+    def sampling(self) -> dict:
+        """The template's tool-call grammar for the reply's sequence where it is lazy (tool_choice 'auto'): free
+        text until the template's call opens (its triggers), then only calls of the offered tools with arguments
+        their schemas allow. Nothing where the reply is prefilled with a call's opening ('required', a named function)
+        or the template gives no lazy grammar."""
+        plan = self.plan
+        if self.prefill or not plan.tools or not plan.grammar or not plan.grammar_lazy or not plan.grammar_triggers:
+            return {}
+        return {"grammar": plan.grammar, "grammar_triggers": plan.grammar_triggers}
 
     @property
     def parses(self) -> bool:
