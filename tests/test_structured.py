@@ -333,6 +333,18 @@ def test_served_logprobs_and_a_ban_in_openais_shapes(served) -> None:
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"repeat_penalty": 0}, "repeat_penalty"),
+    # llama-server's samplers this server does not run, set on; its n_probs and ignore_eos
+    ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"), ({"dynatemp_range": 0.5}, "dynatemp_range"),
+    ({"xtc_probability": 0.5}, "xtc_probability"), ({"top_n_sigma": 1.0}, "top_n_sigma"),
+    ({"dry_multiplier": 0.8}, "dry_multiplier"), ({"n_probs": 3}, "n_probs"), ({"ignore_eos": True}, "ignore_eos"),
+    # a lazy grammar without its triggers or its grammar, triggers without grammar_lazy, a trigger of no known type
+    ({"grammar": 'root ::= "a"', "grammar_lazy": True}, "grammar_triggers"),
+    ({"grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": "x"}]}, "grammar_lazy"),
+    ({"grammar": 'root ::= "a"', "grammar_triggers": [{"type": 1, "value": "x"}]}, "grammar_triggers"),
+    ({"grammar": 'root ::= "a"', "grammar_lazy": True, "grammar_triggers": [{"type": 9, "value": "x"}]},
+     "grammar_triggers[0]"),
+    ({"grammar": 'root ::= "a"', "grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "("}]},
+     "grammar_triggers"),
 ])
 def test_served_fields_that_cannot_be_honoured_are_a_400_naming_them(served, body, param) -> None:
     import httpx
@@ -341,6 +353,30 @@ def test_served_fields_that_cannot_be_honoured_are_a_400_naming_them(served, bod
                    timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].split(".")[0] == param, r.text  # a bias out of range: logit_bias.<token>
+
+
+@pytest.mark.realmodel
+def test_served_lazy_grammar_and_samplers_left_off_as_llama_server_takes_them(served) -> None:
+    # llama-server's grammar_lazy / grammar_triggers: the reply is the plain one up to the trigger (its third token)
+    # and digits from there; llama-server's samplers sent at the values that keep them off change nothing
+    import httpx
+
+    body = {"messages": QUESTION, "max_tokens": 12, "temperature": 0, "return_tokens": True}
+    plain = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=300).json()["choices"][0]
+    off = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+           "dry_multiplier": 0.0, "n_probs": 0, "ignore_eos": False}
+    same = httpx.post(served.url + "/v1/chat/completions", json={**body, **off}, timeout=300).json()["choices"][0]
+    assert same["tokens"] == plain["tokens"]
+    tokens = plain["tokens"]
+    detok = httpx.post(served.url + "/detokenize", json={"tokens": tokens[:3]}, timeout=60).json()["content"]
+    head = httpx.post(served.url + "/detokenize", json={"tokens": tokens[:2]}, timeout=60).json()["content"]
+    piece = detok[len(head):]
+    assert piece and piece not in head
+    lazy = {**body, "grammar": f"root ::= {_gbnf_literal(piece)} [0-9]+", "grammar_lazy": True,
+            "grammar_triggers": [{"type": 0, "value": piece, "token": tokens[2]}]}
+    got = httpx.post(served.url + "/v1/chat/completions", json=lazy, timeout=300).json()["choices"][0]
+    assert got["tokens"][:3] == tokens[:3] and got["tokens"] != tokens
+    assert got["message"]["content"].startswith(detok) and re.fullmatch("[0-9]+", got["message"]["content"][len(detok):])
 
 
 # -- generate ---------------------------------------------------------------------------------------------------

@@ -294,9 +294,10 @@ def _choice_params(params: SequenceParams, index: int, session_seed: int) -> Seq
 
 def _request_field(req, param: str | None) -> str | None:
     """The request's name of a SequenceParams field (a grammar's problem is the field that gave the grammar)."""
-    if param in ("grammar", "json_schema", "grammar_triggers"):
-        # a request with tools has no grammar of its own: the tool-call grammar is the template's, for its tools
-        return req.shape_source() or ("tools" if getattr(req, "tools", None) else param)
+    if getattr(req, "tools", None) and param in ("grammar", "grammar_triggers"):
+        return "tools"  # a request with tools has no grammar of its own: the tool-call grammar is the template's
+    if param in ("grammar", "json_schema"):
+        return req.shape_source() or param
     if param == "n_probs":
         return "top_logprobs" if hasattr(req, "top_logprobs") else "logprobs"
     return _REQUEST_FIELD.get(param, param)

@@ -3,11 +3,11 @@ pyllamaspec.config.SEQUENCE_LIMITS (the API's and the command line's); the answe
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..config import INT32_MAX, MAX_STREAMS, SEQUENCE_LIMITS
+from ..config import GRAMMAR_TRIGGER_TYPES, INT32_MAX, MAX_STREAMS, SEQUENCE_LIMITS
 
 
 def _limits(name: str) -> dict:
@@ -62,8 +62,70 @@ BiasValue = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)] | 
 BAN = -100.0
 
 
+class GrammarTriggerField(_Strict):
+    """llama-server's grammar trigger: type 0 token, 1 word, 2 pattern, 3 pattern_full (or those names)."""
+
+    type: Annotated[int, Field(ge=0, le=len(GRAMMAR_TRIGGER_TYPES) - 1)] | Literal[GRAMMAR_TRIGGER_TYPES]
+    value: str = ""
+    token: int = -1
+
+    def triple(self) -> tuple[str, str, int]:
+        kind = self.type if isinstance(self.type, str) else GRAMMAR_TRIGGER_TYPES[self.type]
+        return kind, self.value, self.token
+
+
+# llama-server's samplers this server does not run, each at the value that leaves it off: a request may send that
+# (a client's defaults, llama.cpp's web UI sends them all), any other value is refused naming the field
+OFF_SAMPLERS = {"mirostat": (lambda v: v == 0, "0", "mirostat sampling"),
+                "typical_p": (lambda v: v >= 1.0, "1", "locally typical sampling"),
+                "dynatemp_range": (lambda v: v == 0.0, "0", "dynamic temperature"),
+                "xtc_probability": (lambda v: v == 0.0, "0", "XTC sampling"),
+                "top_n_sigma": (lambda v: v <= 0.0, "-1", "top-n-sigma sampling"),
+                "dry_multiplier": (lambda v: v == 0.0, "0", "DRY repetition penalties")}
+
+
 class SamplingFields(_Strict):
     """A grammar or a JSON schema the output follows, the repetition penalties and the logit biases."""
+
+    # llama-server's lazy grammar: the text before the first trigger is free, the grammar holds from it
+    grammar_lazy: bool = False
+    grammar_triggers: list[GrammarTriggerField] | None = None
+    mirostat: Any = None
+    typical_p: Any = None
+    dynatemp_range: Any = None
+    xtc_probability: Any = None
+    top_n_sigma: Any = None
+    dry_multiplier: Any = None
+    # llama-server's per-token probabilities (this server returns OpenAI's logprobs instead) and its ignore_eos:
+    # refused unless off
+    n_probs_llama: Any = Field(None, alias="n_probs")
+    ignore_eos: Any = None
+
+    @field_validator(*OFF_SAMPLERS)
+    @classmethod
+    def _sampler_off(cls, v, info):
+        if v is None:
+            return v
+        off, neutral, what = OFF_SAMPLERS[info.field_name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not off(v):
+            raise ValueError(f"{info.field_name}={v!r}: this server does not run {what}; leave it out (or at "
+                             f"{neutral}, which keeps it off)")
+        return v
+
+    @field_validator("n_probs_llama")
+    @classmethod
+    def _n_probs_off(cls, v):
+        if v is not None and (isinstance(v, bool) or v != 0):
+            raise ValueError(f"n_probs={v!r}: ask for log-probabilities with logprobs (and top_logprobs)")
+        return v
+
+    @field_validator("ignore_eos")
+    @classmethod
+    def _ignore_eos_off(cls, v):
+        if v is not None and v is not False:
+            raise ValueError(f"ignore_eos={v!r}: this server always stops at an end-of-generation token "
+                             f"(pyllamaspec generate --ignore-eos does not)")
+        return v
 
     response_format: ResponseFormat | None = None
     grammar: str | None = None
@@ -102,6 +164,14 @@ class SamplingFields(_Strict):
             out["grammar"] = self.grammar
         if self.json_schema is not None:
             out["json_schema"] = self.json_schema
+        if self.grammar_lazy:
+            if not sources:
+                raise ValueError("grammar_lazy", "grammar_lazy needs a grammar (grammar, json_schema or response_format)")
+            if not self.grammar_triggers:
+                raise ValueError("grammar_triggers", "grammar_lazy needs grammar_triggers: where the grammar starts")
+            out["grammar_triggers"] = [t.triple() for t in self.grammar_triggers]
+        elif self.grammar_triggers:
+            raise ValueError("grammar_triggers", "grammar_triggers start a lazy grammar: set grammar_lazy: true")
         for name in ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
