@@ -337,6 +337,9 @@ def test_served_logprobs_and_a_ban_in_openais_shapes(served) -> None:
     ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"), ({"dynatemp_range": 0.5}, "dynatemp_range"),
     ({"xtc_probability": 0.5}, "xtc_probability"), ({"top_n_sigma": 1.0}, "top_n_sigma"),
     ({"dry_multiplier": 0.8}, "dry_multiplier"), ({"n_probs": 3}, "n_probs"), ({"ignore_eos": True}, "ignore_eos"),
+    # a sampler order other than this server's, one it does not run, penalties left out of the order but set
+    ({"samplers": "tkpm"}, "samplers"), ({"samplers": "ekpmta"}, "samplers"),
+    ({"samplers": "kpmt", "repeat_penalty": 1.1}, "samplers"),
     # a lazy grammar without its triggers or its grammar, triggers without grammar_lazy, a trigger of no known type
     ({"grammar": 'root ::= "a"', "grammar_lazy": True}, "grammar_triggers"),
     ({"grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": "x"}]}, "grammar_lazy"),
@@ -358,13 +361,14 @@ def test_served_fields_that_cannot_be_honoured_are_a_400_naming_them(served, bod
 @pytest.mark.realmodel
 def test_served_lazy_grammar_and_samplers_left_off_as_llama_server_takes_them(served) -> None:
     # llama-server's grammar_lazy / grammar_triggers: the reply is the plain one up to the trigger (its third token)
-    # and digits from there; llama-server's samplers sent at the values that keep them off change nothing
+    # and digits from there; llama-server's samplers sent at the values that keep them off, and its default sampler
+    # order, change nothing
     import httpx
 
     body = {"messages": QUESTION, "max_tokens": 12, "temperature": 0, "return_tokens": True}
     plain = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=300).json()["choices"][0]
     off = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
-           "dry_multiplier": 0.0, "n_probs": 0, "ignore_eos": False}
+           "dry_multiplier": 0.0, "n_probs": 0, "ignore_eos": False, "samplers": "edkypmxt"}  # llama.cpp's web UI's
     same = httpx.post(served.url + "/v1/chat/completions", json={**body, **off}, timeout=300).json()["choices"][0]
     assert same["tokens"] == plain["tokens"]
     tokens = plain["tokens"]

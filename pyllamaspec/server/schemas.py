@@ -84,6 +84,19 @@ OFF_SAMPLERS = {"mirostat": (lambda v: v == 0, "0", "mirostat sampling"),
                 "dry_multiplier": (lambda v: v == 0.0, "0", "DRY repetition penalties")}
 
 
+# llama-server's sampler names (and the letters of its samplers string), as upstream's common sampling reads them
+SAMPLER_NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma",
+                 "topnsigma": "top_n_sigma", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
+                 "typ_p": "typ_p", "typ-p": "typ_p", "typp": "typ_p", "typ": "typ_p", "top_p": "top_p",
+                 "top-p": "top_p", "topp": "top_p", "nucleus": "top_p", "min_p": "min_p", "min-p": "min_p",
+                 "minp": "min_p", "xtc": "xtc", "temperature": "temperature", "temp": "temperature",
+                 "infill": "infill", "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p", "adaptivep": "adaptive_p"}
+SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                   "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
+# the samplers that act here, in the order this server runs them (upstream's default chain; the others are off)
+SAMPLER_CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
+
+
 class SamplingFields(_Strict):
     """A grammar or a JSON schema the output follows, the repetition penalties and the logit biases."""
 
@@ -100,6 +113,27 @@ class SamplingFields(_Strict):
     # refused unless off
     n_probs_llama: Any = Field(None, alias="n_probs")
     ignore_eos: Any = None
+    # llama-server's sampler order: taken where it runs the samplers that act here in this server's order
+    samplers: str | list[str] | None = None
+
+    @field_validator("samplers")
+    @classmethod
+    def _sampler_order(cls, v):
+        if v is None:
+            return v
+        names = [SAMPLER_LETTERS.get(c) for c in v] if isinstance(v, str) else [SAMPLER_NAMES.get(n) for n in v]
+        items = list(v)
+        for item, name in zip(items, names):
+            if name is None:
+                raise ValueError(f"samplers: {item!r} is not a sampler llama-server knows")
+            if name in ("infill", "adaptive_p"):
+                raise ValueError(f"samplers: this server does not run {name}")
+        acting = [n for n in names if n in SAMPLER_CHAIN]
+        want = [n for n in SAMPLER_CHAIN if n != "penalties" or "penalties" in acting]
+        if acting != want:
+            raise ValueError(f"samplers: this server runs {', '.join(SAMPLER_CHAIN)} in that order (the others off); "
+                             f"the request orders {', '.join(acting) or 'none of them'}")
+        return names
 
     @field_validator(*OFF_SAMPLERS)
     @classmethod
@@ -175,6 +209,11 @@ class SamplingFields(_Strict):
         for name in ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        penalised = (self.frequency_penalty or 0.0) != 0.0 or (self.presence_penalty or 0.0) != 0.0 or \
+            (self.repeat_penalty is not None and self.repeat_penalty != 1.0)
+        if self.samplers is not None and penalised and "penalties" not in self.samplers:
+            raise ValueError("samplers", "samplers leaves penalties out, and the request sets a penalty: list "
+                                         "penalties first (or drop the penalty)")
         if self.logit_bias is not None:
             pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
             bias = {}
