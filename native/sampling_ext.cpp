@@ -66,45 +66,29 @@ void check_grammar(const llama_model * model, const std::string & grammar,
     if (parser.symbol_ids.find("root") == parser.symbol_ids.end()) {
         fail(PLS_ERR_INVALID, "grammar has no 'root' rule (the rule generation starts from)");
     }
-    // what the sampler will do with it: left recursion and the like are refused there, with a logged reason
+    // what the sampler will do with it, through the call that makes a sequence's sampler: left recursion and the like
+    // are refused there (with a logged reason), and a lazy grammar's trigger patterns compiled
+    common_params_sampling sp;
+    sp.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, grammar);
+    sp.grammar_lazy = !triggers.empty();
+    sp.grammar_triggers = triggers;
     clear_last_error();
-    llama_sampler * g = nullptr;
-    // a lazy grammar's triggers as upstream's sampler takes them (words escaped, full patterns anchored)
-    std::vector<std::string> patterns;
-    std::vector<llama_token> tokens;
-    for (const common_grammar_trigger & t : triggers) {
-        switch (t.type) {
-            case COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN: tokens.push_back(t.token); break;
-            case COMMON_GRAMMAR_TRIGGER_TYPE_WORD: patterns.push_back(regex_escape(t.value)); break;
-            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN: patterns.push_back(t.value); break;
-            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL:
-                patterns.push_back((t.value.empty() || t.value.front() != '^' ? "^" : "") + t.value +
-                                   (t.value.empty() || t.value.back() != '$' ? "$" : ""));
-                break;
-        }
-    }
-    std::vector<const char *> patterns_c;
-    for (const std::string & pat : patterns) {
-        patterns_c.push_back(pat.c_str());
-    }
+    common_sampler * smpl = nullptr;
     try {
-        const llama_vocab * vocab = llama_model_get_vocab(model);
-        g = triggers.empty() ? llama_sampler_init_grammar(vocab, grammar.c_str(), "root")
-                             : llama_sampler_init_grammar_lazy_patterns(vocab, grammar.c_str(), "root", patterns_c.data(),
-                                                                        patterns_c.size(), tokens.data(), tokens.size());
+        smpl = common_sampler_init(model, sp);
     } catch (const std::regex_error & e) {
         fail(PLS_ERR_INVALID, "grammar_triggers: a pattern is not a regular expression: " + short_message(e.what()));
     } catch (const std::exception & e) {
-        fail(PLS_ERR_INVALID, "grammar cannot be used: " + short_message(e.what()));
-    }
-    if (g == nullptr) {
         std::string why = take_last_error();
         while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
             why.pop_back();
         }
-        fail(PLS_ERR_INVALID, "grammar cannot be used" + (why.empty() ? std::string() : ": " + short_message(why)));
+        fail(PLS_ERR_INVALID, "grammar cannot be used: " + short_message(why.empty() ? e.what() : why));
     }
-    llama_sampler_free(g);
+    if (smpl == nullptr) {
+        fail(PLS_ERR_INVALID, "grammar cannot be used");
+    }
+    common_sampler_free(smpl);
 }
 
 sampling_spec read_sampling(const llama_model * model, const pls_sampling_params * p) {

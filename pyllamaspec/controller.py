@@ -87,7 +87,7 @@ class Controller:
             raise ConfigError("pls_controller_observe refused the observation")
 
     def reset_stream(self, stream: int = 0) -> None:
-        """A new prompt in the stream: its probe schedule restarts; costs and acceptance evidence stay."""
+        """A new prompt in the stream (a prompt was processed in between); costs and acceptance evidence stay."""
         if self._lib.pls_controller_reset_stream(self._ctl, stream) != 0:
             raise ConfigError(f"no stream {stream}")
 

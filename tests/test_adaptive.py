@@ -443,7 +443,7 @@ def test_a_batch_size_is_priced_by_its_steady_runs_not_its_one_off_runs():
 
 
 def test_where_probes_are_dear_a_new_prompt_keeps_its_streams_probe_schedule():
-    # each generation is a new prompt (its probe schedule restarts). On a GPU a probe changes the batch size twice
+    # each generation is a new prompt. On a GPU a probe changes the batch size twice
     # (eager runs, graphs captured): a stream whose drafts never landed keeps its probe schedule across prompts, at the
     # rate the probe budget allows however short the generations are, instead of a run of early probes at each prompt
     # (which cost 3.5% on 128-token generations) - and it is still probed, never written off. A new batch size's

@@ -487,7 +487,7 @@ void    pls_controller_free(pls_controller * c);
 int32_t pls_controller_choose(pls_controller * c, const int32_t * caps, const int32_t * depth, const int32_t * active,
                               const int32_t * pending, const int32_t * free_len, int32_t * k_out);
 int32_t pls_controller_observe(pls_controller * c, const pls_step_observation * obs);
-/* a new prompt in a stream (what a session does at each generation): its probes restart; costs and acceptance stay */
+/* a new prompt in a stream (what a session does at each generation): costs and acceptance evidence stay */
 int32_t pls_controller_reset_stream(pls_controller * c, int32_t stream);
 int32_t pls_controller_info(const pls_controller * c, pls_adaptive_info * out);
 int32_t pls_controller_stats(const pls_controller * c, pls_stats * out);

@@ -85,12 +85,10 @@ OFF_SAMPLERS = {"mirostat": (lambda v: v == 0, "0", "mirostat sampling"),
 
 
 # llama-server's sampler names (and the letters of its samplers string), as upstream's common sampling reads them
-SAMPLER_NAMES = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma",
-                 "topnsigma": "top_n_sigma", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
-                 "typ_p": "typ_p", "typ-p": "typ_p", "typp": "typ_p", "typ": "typ_p", "top_p": "top_p",
-                 "top-p": "top_p", "topp": "top_p", "nucleus": "top_p", "min_p": "min_p", "min-p": "min_p",
-                 "minp": "min_p", "xtc": "xtc", "temperature": "temperature", "temp": "temperature",
-                 "infill": "infill", "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p", "adaptivep": "adaptive_p"}
+_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
+             "adaptive_p")
+SAMPLER_NAMES = {**{form: name for name in _SAMPLERS for form in (name, name.replace("_", "-"), name.replace("_", ""))},
+                 "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                    "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
 # the samplers that act here, in the order this server runs them (upstream's default chain; the others are off)
