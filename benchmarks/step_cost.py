@@ -10,7 +10,9 @@ load per run, so their figures are their own decode speeds, which exclude loadin
 
 Arms: plain; nK (fixed draft length K); adaptiveK (the controller, ceiling K; adaptive = 8); zeroK (ceiling K, never
 drafting: a speculative session's plain step, with its snapshot ring and drafter); sweep (every length
-0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay);
+0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay); gapG
+(G plain steps, then one draft at the sweep ceiling, round and round: a feature-reading drafter's catch-up after G
+plain steps; G < 64);
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -57,9 +59,11 @@ def sweep_schedule(n_max: int) -> list[int]:
 
 
 def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
-               trace_steps: int) -> SessionConfig | None:
+               trace_steps: int, catchup_rows: int = 0) -> SessionConfig | None:
     types = [spec_type] if spec_type else None  # None: detected from the drafter GGUF
     common = dict(n_ctx=n_ctx, n_batch=max(2048, ubatch), n_ubatch=ubatch, trace_steps=trace_steps)
+    if catchup_rows and arm != "plain":
+        common["catchup_rows"] = catchup_rows
     if arm == "plain":
         return SessionConfig(spec_types=[], **common)
     if arm.startswith("n"):
@@ -72,6 +76,11 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
     if arm == "sweep":
         n = n_max_sweep
         return SessionConfig(adaptive=False, spec_types=types, n_max=n, draft_schedule=sweep_schedule(n),
+                             synth_rates=synth_rates(level, n), **common)
+    if arm.startswith("gap") and arm[3:].isdigit():
+        # G plain steps, then a draft of the sweep ceiling: what a drafter's catch-up after G plain steps costs
+        n, g = n_max_sweep, int(arm[3:])
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, draft_schedule=[0] * g + [n],
                              synth_rates=synth_rates(level, n), **common)
     if arm.startswith("adaptive"):
         n = int(arm[len("adaptive"):] or 8)
@@ -122,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n-cpu-moe", type=int, default=0, help="keep the experts of the first N layers on the CPU")
     ap.add_argument("--ubatch", type=int, default=512, help="n_ubatch (a larger one processes deep prompts faster)")
     ap.add_argument("--sweep-n-max", type=int, default=0, help="the sweep arm's ceiling (default: the largest nK arm)")
+    ap.add_argument("--catchup-rows", type=int, default=0,
+                    help="rows per pass of a feature-reading drafter's catch-up (0: the session's default)")
     ap.add_argument("--trace", type=Path, help="keep every measured step of every arm here (.json or .json.gz)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -149,7 +160,8 @@ def main(argv=None) -> int:
             t_cell = time.monotonic()
             sessions = {}
             for arm in arms:
-                cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps)
+                cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps,
+                                 args.catchup_rows)
                 if cfg is not None:
                     sessions[arm] = SpecSession(target, None if arm == "plain" else drafter, cfg)
             runs = {arm: [] for arm in arms}

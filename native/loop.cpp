@@ -111,6 +111,7 @@ void reset_generation(pls_session & s) {
         if (s.spec == nullptr) {
             fail(PLS_ERR_INVALID, "failed to initialize speculative decoding for " + common_speculative_type_name_str(types));
         }
+        common_speculative_defer_pass(s.spec, s.catchup_pass);
     }
     s.streams.clear();
     s.streams.resize(s.sp.n_parallel);
@@ -799,6 +800,7 @@ void record_trace(pls_session & s, const step_obs & obs, const step_timing & tm,
         t.n_accepted[i] = obs.n_accepted[i];
         t.n_catchup[i] = obs.n_catchup[i];
         t.depth[i] = obs.depth[i];
+        t.draft_hash[i] = i < (int32_t) s.streams.size() ? s.streams[i].draft_hash : 0;
     }
     t.n_tokens = n_tokens;
     t.n_prompt = n_prompt;
@@ -982,6 +984,18 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
         const int64_t t0 = now_us();
         draft_phase(s, n_ctx_seq, tm);
         s.stats.t_draft_ms += (now_us() - t0) / 1000.0;
+    }
+    if (s.sp.trace_steps > 0) {
+        for (auto & st : s.streams) {
+            uint32_t h = 0;
+            if (st.active && !st.draft.empty()) {
+                h = 2166136261u;
+                for (llama_token t : st.draft) {
+                    h = (h ^ (uint32_t) t) * 16777619u;
+                }
+            }
+            st.draft_hash = h;
+        }
     }
     std::vector<llama_tokens> ids(s.streams.size());
     std::vector<common_sampler_ptr> saved(s.streams.size());

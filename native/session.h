@@ -63,6 +63,7 @@ struct stream_state {
     int32_t n_min = 0;
     llama_tokens prompt_tgt;   // tokens at positions [0, n_past): all committed but id_last
     llama_tokens draft;
+    uint32_t draft_hash = 0;               // FNV-1a of this step's draft (0: none), for the trace
     llama_token id_last = 0;
     int32_t n_past = 0;
     int64_t n_emitted = 0;
@@ -125,6 +126,8 @@ struct pls_session {
     int32_t drafter_kind = pls::DRAFTER_NONE;
     bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself
     bool process_every_batch = false;      // upstream drafters that read every target batch (EAGLE3, MTP, DFlash)
+    int32_t catchup_rows = 0;              // rows per pass of such a drafter's catch-up (0: no such drafter)
+    int32_t catchup_pass = 0;              // what common_speculative_defer_pass is given (0: all at once)
     std::vector<llama_sampler *> dft_chains;  // device-side top-k of the draft model, one per sequence
     std::vector<common_sampler_ptr> dft_smpl; // the draft model's samplers (top-k 10, as upstream's draft-simple)
     std::vector<double> synth_probs;       // conditional acceptance probabilities (synthetic mode)

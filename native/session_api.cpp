@@ -78,6 +78,7 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
     out->block_size = s->block_size;
     out->is_dflash2 = s->drafter ? llama_model_dflash_selector_top_k(s->drafter->model) > 0 : 0;
     out->n_rs_seq = s->n_rs_seq;
+    out->catchup_rows = s->catchup_rows;
     out->ring_bytes = s->ring_bytes;
     out->rollback_target = s->rollback_tgt;
     out->rollback_draft = s->rollback_dft;

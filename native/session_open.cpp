@@ -306,6 +306,24 @@ void set_drafter_kind(pls_session & s) {
     s.process_every_batch = autoreg || block;
 }
 
+// rows per pass when a feature-reading drafter takes in the steps it did not draft (common_speculative_defer_pass:
+// full passes, the rest in powers of two). On a GPU up to 8 rows keep ggml's vector kernels for quantized weights and
+// shapes that steady drafting runs too (an H200, DFlash2 drafter of a 27B-shape target: 63 rows took 12-15 ms in one
+// pass, 5.7 ms in passes of 8, 4, 2, 1); on a CPU one pass (catchup_pass 0: all at once) reads the weights once.
+constexpr int32_t GPU_CATCHUP_ROWS = 8;
+
+void set_catchup_rows(pls_session & s) {
+    s.catchup_rows = 0;
+    s.catchup_pass = 0;
+    if (!s.process_every_batch || !s.ctx_dft) {
+        return;
+    }
+    ggml_backend_dev_t dev = llama_model_dev_output(llama_get_model(s.ctx_dft.get()));
+    const bool gpu = dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    s.catchup_pass = s.sp.catchup_rows > 0 ? s.sp.catchup_rows : gpu ? GPU_CATCHUP_ROWS : 0;
+    s.catchup_rows = s.catchup_pass > 0 ? s.catchup_pass : (int32_t) llama_n_batch(s.ctx_dft.get());
+}
+
 // synthetic acceptance: validated by upstream's resolver, applied by the loop (upstream's engine only stores it)
 void setup_synthetic_acceptance(pls_session & s) {
     common_params & c = s.params;
@@ -381,6 +399,7 @@ void setup_drafting(pls_session & s) {
         }
     }
     set_drafter_kind(s);
+    set_catchup_rows(s);
     setup_synthetic_acceptance(s);
     if (s.own_draft_model) {
         setup_own_draft_model(s);

@@ -457,6 +457,10 @@ class SessionConfig:
     # record what each step was and cost, for SpecSession.take_trace() (replaying the controller against measured
     # costs): at most this many steps are kept between takes (0: no trace)
     trace_steps: int = 0
+    # a drafter that reads the target's features (DFlash, DSpark, EAGLE3, MTP) takes in the rows of the steps it did
+    # not draft before its next draft, this many per pass (the rest in powers of two); 0: 8 where the drafter runs on
+    # a GPU, else all at once
+    catchup_rows: int = 0
 
     def __post_init__(self) -> None:
         owner = "SessionConfig"
@@ -529,6 +533,7 @@ class SessionConfig:
             _check_float(owner, "synth_len", self.synth_len, 1.0, self.n_max + 1.0)
         _check_int(owner, "synth_seed", self.synth_seed, 0, UINT32_MAX)
         _check_int(owner, "trace_steps", self.trace_steps, 0, MAX_TRACE)
+        _check_int(owner, "catchup_rows", self.catchup_rows, 0, 1 << 20)
         types = self.spec_types or ()
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "

@@ -74,6 +74,7 @@ def native_session_params(ffi, config: SessionConfig):
     p.synth_len = config.synth_len or 0.0
     p.synth_seed = config.synth_seed
     p.trace_steps = config.trace_steps
+    p.catchup_rows = config.catchup_rows
     p.ignore_eos = int(config.ignore_eos)
     return p
 

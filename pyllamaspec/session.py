@@ -172,6 +172,7 @@ class SessionInfo:
     drafter_kind: str             # how a draft is priced: draft model, autoregressive, block, n-gram
     n_threads: int                # CPU threads for generation (n_threads 0: the cores useful for math)
     n_threads_batch: int          # and for prompt processing
+    catchup_rows: int = 0         # rows a feature-reading drafter takes in per pass after skipped steps (0: none)
 
 
 @dataclass(frozen=True)
@@ -369,7 +370,7 @@ class SpecSession(_native.NativeOwner):
             target_head_device=ffi.string(o.target_head_device).decode(),
             draft_device=ffi.string(o.draft_device).decode(), adaptive=bool(o.adaptive), synthetic=bool(o.synthetic),
             drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"), n_threads=o.n_threads,
-            n_threads_batch=o.n_threads_batch)
+            n_threads_batch=o.n_threads_batch, catchup_rows=o.catchup_rows)
 
     # -- text helpers ------------------------------------------------------------------------
 
@@ -465,8 +466,9 @@ class SpecSession(_native.NativeOwner):
 
     def take_trace(self) -> list[dict]:
         """The steps recorded since the last take (config.trace_steps > 0), oldest first, and forgets them: per
-        step what the controller saw - per stream slot whether it took part, the draft length chosen, tokens drafted,
-        accepted and caught up, its depth - and what the step cost (ms). A session opened without trace_steps
+        step what the controller saw - per stream slot whether it took part, the draft length chosen, tokens drafted
+        (and a hash of them, draft_hash: two runs that drafted alike show the same hashes), accepted and caught up, its
+        depth - and what the step cost (ms). A session opened without trace_steps
         records nothing; steps beyond trace_steps between two takes are dropped (a warning names how many)."""
         if self.config.trace_steps <= 0:
             raise ConfigError("this session records no trace: open it with SessionConfig(trace_steps=N)")
@@ -484,6 +486,7 @@ class SpecSession(_native.NativeOwner):
                     steps.append({
                         "active": list(t.active[0:m]), "k": list(t.k[0:m]), "drafted": list(t.n_drafted[0:m]),
                         "accepted": list(t.n_accepted[0:m]), "catchup": list(t.n_catchup[0:m]),
+                        "draft_hash": list(t.draft_hash[0:m]),
                         "depth": list(t.depth[0:m]), "n_tokens": t.n_tokens, "n_prompt": t.n_prompt,
                         "draft_iters": t.n_draft_iters, "captures": t.n_graph_captures,
                         "t_draft_first": t.t_draft_first_ms, "t_draft_rest": t.t_draft_rest_ms,

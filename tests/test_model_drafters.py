@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession
-from pyllamaspec.errors import PairingError
+from pyllamaspec.errors import ConfigError, PairingError
 
 from helpers import (N_PREDICT, PROMPT, TARGETS, assert_equal_up_to_near_tie, assert_stats_consistent, make_dflash,
                      plain)
@@ -271,3 +271,37 @@ def test_drafters_reading_the_target_serve_one_generation_after_another_as_if_ne
             assert first[1] > 0
             assert again == first
             assert second == alone
+
+
+def test_a_catch_up_in_passes_of_a_few_rows_drafts_as_one_pass(dflash_setup, mtp_target):
+    # the rows of skipped steps are taken in at most catchup_rows per pass (on a GPU 8 by default: the vector
+    # kernels and recurring graph shapes); the drafter ends in the same state, so it drafts the same tokens
+    kind, target, d1, d2, ref = dflash_setup
+    cfg = dict(adaptive=False, n_max=5, n_ctx=512, trace_steps=4096,
+               draft_schedule=(0, 0, 0, 0, 0, 0, 0, 3, 5, 0, 0, 0, 0, 2))
+    with Model(mtp_target) as mtp:
+        mtp_ref = plain(mtp)
+        for tgt, dft, types, expect in [(target, d1, None, ref), (target, d2, None, ref), (mtp, None, "draft-mtp", mtp_ref)]:
+            seen = []
+            for rows in (0, 1, 3):
+                with SpecSession(tgt, dft, SessionConfig(spec_types=types, catchup_rows=rows, **cfg)) as s:
+                    info = s.info
+                    r = s.generate(PROMPT, N_PREDICT)
+                    steps = s.take_trace()
+                # 0 on a CPU: all at once (up to the drafter context's batch)
+                assert info.catchup_rows == rows if rows else info.catchup_rows >= len(PROMPT) + N_PREDICT
+                assert_equal_up_to_near_tie(r.tokens, expect)
+                drafts = [x["draft_hash"][0] for x in steps if x["k"][0] > 0]
+                assert sum(x["catchup"][0] > 3 for x in steps) >= 2  # catch-ups of more rows than a pass of 3
+                seen.append((r.tokens, drafts))
+            assert len(seen[0][1]) >= 4 and all(seen[0][1])
+            assert len(set(seen[0][1])) > 1  # the drafts differ from step to step: they tell the drafter's states apart
+            assert seen[1] == seen[0] and seen[2] == seen[0]
+
+
+def test_catchup_rows_is_checked_and_reported_only_for_drafters_reading_the_target(dflash_setup):
+    kind, target, d1, _, ref = dflash_setup
+    with pytest.raises(ConfigError, match="catchup_rows"):
+        SessionConfig(catchup_rows=-1)
+    with SpecSession(target, None, SessionConfig(spec_types="ngram-simple", catchup_rows=4)) as s:
+        assert s.info.catchup_rows == 0  # an n-gram lookup reads no features

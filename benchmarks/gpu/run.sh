@@ -20,6 +20,7 @@
 #              tools/vendor.py verifies, without docs/, models/, tests/, examples/ and the ggml backends other than
 #              cpu and cuda - about 36 MB; tools/, vendor/ and scripts/ui-assets.cmake are needed)
 #   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients (needs both)
+#   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
 #              backend (the build phase from a tree that has it: a package carried from before has no rpc-server)
@@ -75,6 +76,13 @@ grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
         --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" "$@"
 }
 phase_g27() { phase_synth27 && grid h200-27b-d0 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
+# a feature-reading drafter's catch-up after G plain steps (gapG arms, natural acceptance): 27B + DFlash2, 35B-A3B + DFlash
+phase_catchup() {
+    # CATCHUP_ROWS=N: rows per pass of the catch-up (default: the session's, 8 on a GPU)
+    local arms=${ARMS:-n3,gap1,gap4,gap16,gap63} tag=${TAG:-} rows=(--catchup-rows "${CATCHUP_ROWS:-0}")
+    phase_synth27 && grid "h200-27b-catchup$tag" /tmp/m/t27.gguf /tmp/m/d27.gguf "$arms" 0 0 --sweep-n-max 3 "${rows[@]}" \
+        && phase_synth35 && grid "h200-35b-catchup$tag" /tmp/m/t35.gguf /tmp/m/d35.gguf "$arms" 0 0 --sweep-n-max 3 "${rows[@]}"
+}
 phase_g27deep() {  # ARMS_4K / ARMS_16K narrow one depth (a 16k prompt is processed once per generation)
     phase_synth27 && grid h200-27b-d4096 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_4K:-${ARMS:-plain,n3,n7,adaptive7}}" 4096 "${LEVELS:-0,0.8}" --ubatch 2048 \
         && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_16K:-${ARMS:-plain,n3,n7,adaptive7}}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048

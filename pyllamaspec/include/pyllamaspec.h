@@ -230,6 +230,11 @@ typedef struct pls_session_params {
     int32_t  trace_steps;
     /* never sample an end-of-generation token (llama.cpp's --ignore-eos: their logits are biased to -inf) */
     int32_t  ignore_eos;
+    /* a drafter that reads the target's features (DFlash, DSpark, EAGLE3, MTP) and skipped steps (k = 0) takes in
+     * their rows before its next draft, at most catchup_rows per pass: 0 = auto (8 where the drafter runs on a GPU,
+     * where up to 8 rows keep the vector kernels and recurring graph shapes; else all at once); after the full
+     * passes the rest goes in passes of powers of two */
+    int32_t  catchup_rows;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -256,6 +261,7 @@ typedef struct pls_session_info {
     int32_t drafter_kind;           /* PLS_DRAFTER_*: how the controller prices a draft */
     int32_t n_threads;              /* the target context's threads for generation (the drafter's the same) */
     int32_t n_threads_batch;        /* and for prompt processing */
+    int32_t catchup_rows;           /* kept rows a feature-reading drafter takes in per pass (0: no such drafter) */
 } pls_session_info;
 
 /* How a speculative source is priced: a draft model run by the shim token by token (k = 0 skips it
@@ -440,6 +446,7 @@ typedef struct pls_trace_step {
     int32_t n_accepted[64];
     int32_t n_catchup[64];
     int32_t depth[64];
+    uint32_t draft_hash[64];        /* FNV-1a of the stream's drafted tokens (0: none): what the drafter proposed */
     int32_t n_tokens;               /* rows of the target batch */
     int32_t n_prompt;               /* prompt rows among them (continuous batching: the step's costs are not a verify's) */
     int32_t n_draft_iters;          /* a draft model's decodes after its first */
