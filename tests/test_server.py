@@ -178,7 +178,7 @@ def test_chat_greedy_equal_generate(server, refs, stream):
         messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": content}]
         r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=N_PREDICT, temperature=0,
                                       stream=stream, stream_options={"include_usage": True} if stream else None,
-                                      # a field this server does not know is ignored
+                                      # llama-server's extensions
                                       extra_body={"return_tokens": True,
                                                   "chat_template_kwargs": {"enable_thinking": False}})
         if stream:
@@ -831,3 +831,95 @@ def test_chat_template_kwargs_switch_reasoning_per_request(models):
             "messages": [{"role": "user", "content": "hello"}], "chat_template_kwargs": {"tools_mode": 1}})
         err = assert_openai_error(r, 400, "chat_template_kwargs.tools_mode", None)
         assert "tools_mode" in err["message"]
+
+
+# -- fields beyond the declared ones ------------------------------------------------------------------------------
+
+WEB_UI_FIELDS = {  # what llama.cpp's web UI and other llama-server clients send, at the values that change nothing
+    "cache_prompt": True, "timings_per_token": False, "dynatemp_exponent": 1.0, "xtc_threshold": 0.1,
+    "typ_p": 1.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n"],
+    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "min_keep": 0, "n_keep": 0, "n_discard": 0, "id_slot": -1,
+    "t_max_predict_ms": -1, "post_sampling_probs": False, "reasoning_budget": -1, "lora": [],
+    "user": "u-1", "metadata": {"run": "a"}, "store": False, "best_of": 1, "add_generation_prompt": True,
+    "reasoning_format": "none",
+}
+
+
+def test_other_llama_server_and_openai_fields_at_neutral_values_change_nothing(server):
+    body = {"messages": [{"role": "user", "content": "count to five"}], "max_tokens": 8, "temperature": 0,
+            "return_tokens": True}
+    plain = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+    same = httpx.post(server.url + "/v1/chat/completions", json={**body, **WEB_UI_FIELDS}, timeout=TIMEOUT)
+    assert plain.status_code == 200 and same.status_code == 200, same.text
+    assert same.json()["choices"][0]["tokens"] == plain.json()["choices"][0]["tokens"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("cache_prompt", False), ("id_slot", 2), ("t_max_predict_ms", 100), ("n_indent", 4), ("typ_p", 0.5),
+    ("reasoning_format", "auto"), ("reasoning_budget", 0), ("lora", [{"id": 0, "scale": 1.0}]),
+    ("functions", [{"name": "f", "parameters": {}}]), ("best_of", 2), ("post_sampling_probs", True),
+    ("return_progress", True), ("response_fields", ["content"]), ("modalities", ["text", "audio"]),
+    ("add_generation_prompt", False), ("prediction", {"type": "content", "content": "x"}),
+])
+def test_fields_this_server_cannot_honour_are_a_400_naming_them(server, field, value):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text
+
+
+def test_a_field_no_request_has_is_a_400_naming_it_with_the_close_one(server):
+    for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})]:
+        r = httpx.post(server.url + path, json={**body, "max_tokens": 2, "temprature": 0}, timeout=TIMEOUT)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "temprature" and "'temperature'" in err["message"], err
+    # the chat's own fields are not a text completion's
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "tools": []}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_n_predict_is_llama_servers_max_tokens(server):
+    for body in [{"prompt": "one two", "n_predict": 3}, {"prompt": "one two", "n_predict": 3, "max_tokens": 9}]:
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def _stream_chunks(url, body):
+    chunks = []
+    with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: "):]))
+    return chunks
+
+
+def test_timings_per_token_puts_the_timings_so_far_in_every_chunk(server):
+    body = {"prompt": "one two three", "max_tokens": 12, "temperature": 0, "stream": True}
+    with_timings = _stream_chunks(server.url + "/v1/completions", {**body, "timings_per_token": True})
+    texts = [c for c in with_timings if c["choices"] and c["choices"][0]["text"]]
+    assert len(texts) >= 2 and all("timings" in c for c in texts)
+    counts = [c["timings"]["predicted_n"] for c in texts]
+    assert counts == sorted(counts) and counts[-1] <= 12 and counts[0] >= 1
+    assert with_timings[-1]["timings"]["predicted_n"] == 12
+    without = _stream_chunks(server.url + "/v1/completions", body)
+    assert [("timings" in c) for c in without] == [False] * (len(without) - 1) + [True]
+
+
+def test_ignore_unknown_fields_takes_them_and_logs_them(models, caplog):
+    from pyllamaspec.server.app import create_app
+
+    with InProcessServer(create_app(_loader(models, 1), ignore_unknown_fields=True)) as s:
+        s.wait_ready()
+        with caplog.at_level("WARNING", logger="pyllamaspec.server"):
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "mfq_session_id": "x"},
+                           timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert any("mfq_session_id" in m for m in caplog.messages)
+        # llama-server's own fields are still judged by their values
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "cache_prompt": False},
+                       timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_prompt"

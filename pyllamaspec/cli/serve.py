@@ -69,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     g.add_argument("--embeddings", "--embedding", dest="embeddings", action="store_true",
                    help="serve /v1/embeddings: the target embeds through a context of its own (pooled as its GGUF "
                         "says, mean when it names none; unit L2 norm), inputs of up to -ub tokens (default: off)")
+    g.add_argument("--ignore-unknown-fields", action="store_true",
+                   help="take request fields that neither OpenAI's nor llama-server's requests have, logging them "
+                        "and leaving them out (default: a 400 naming the field); llama-server's and OpenAI's own "
+                        "fields are honoured, or refused at a value this server cannot honour, either way")
     g.add_argument("--metrics-prefix", default="pyllamaspec",
                    help="prefix of the Prometheus metric names (default pyllamaspec; 'llamacpp' matches "
                         "llama-server's dashboards)")
@@ -157,6 +161,7 @@ def run(args) -> int:
                      metrics_prefix=args.metrics_prefix, chat_template=template, enable_thinking=thinking,
                      api_key=args.api_key, on_fatal=on_fatal, max_body_bytes=args.max_body_size,
                      n_predict=args.n_predict, slots_endpoint=args.slots,
+                     ignore_unknown_fields=args.ignore_unknown_fields,
                      **({"temperature": args.temp} if args.temp is not None else {}))
     state = app.state.server
     config = uvicorn.Config(app, log_level="info", lifespan="on",

@@ -31,7 +31,8 @@ from .metrics import ServerMetrics
 from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, run_interruptible
 from .responses import (APIError, CompletionBodies, embeddings_body, health_body, loading_error, merged_timings,
                         merged_usage, models_body, props_body, shutdown_error, slots_body, sse, token_pieces_body)
-from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+from .schemas import (OTHER_FIELDS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+                      TokenizeRequest, other_field_problem, unknown_field_message)
 from .tools import ToolPlan, call_opening, tool_settings
 
 log = logging.getLogger("pyllamaspec.server")
@@ -52,8 +53,11 @@ class ServerState:
     def __init__(self, loader: Callable[[], Loaded], *, alias: str | None = None, queue_size: int | None = None,
                  metrics_prefix: str = "pyllamaspec", chat_template: str | None = None,
                  enable_thinking: bool | None = None, on_fatal: Callable[[], None] | None = None,
-                 n_predict: int = -1, slots_endpoint: bool = True, temperature: float = defaults.TEMPERATURE) -> None:
+                 n_predict: int = -1, slots_endpoint: bool = True, temperature: float = defaults.TEMPERATURE,
+                 ignore_unknown_fields: bool = False) -> None:
         self.loader = loader
+        # a request field no request of its kind has: a 400 naming it, or (serve --ignore-unknown-fields) logged
+        self.ignore_unknown_fields = ignore_unknown_fields
         self.n_predict = n_predict          # a request's max_tokens when it sets none (-n; -1: no limit)
         self.temperature = temperature      # a request's temperature when it sets none (--temp)
         self.slots_endpoint = slots_endpoint
@@ -267,7 +271,9 @@ _REQUEST_FIELD = {"temp": "temperature", "n_predict": "max_tokens"}
 
 def _sequence_params(req, default_n_predict: int = -1, default_temp: float = defaults.TEMPERATURE) -> SequenceParams:
     """The request's settings for its sequence; a value the sequence cannot take is a 400 naming the field."""
-    n_predict = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_n_predict
+    # llama-server's n_predict first (as it reads them; -1: no limit), then OpenAI's
+    n_predict = req.n_predict if req.n_predict is not None else \
+        getattr(req, "max_completion_tokens", None) or req.max_tokens or default_n_predict
     temp = req.temperature if req.temperature is not None else default_temp
     seed = UINT32_MAX if req.seed == -1 else req.seed
     try:
@@ -281,6 +287,25 @@ def _sequence_params(req, default_n_predict: int = -1, default_temp: float = def
                               min_p=req.min_p, seed=seed, n_probs=n_probs, **sampling, **req.draft_settings())
     except ConfigError as e:
         raise APIError(400, str(e), param=_request_field(req, getattr(e, "param", None))) from None
+
+
+def _check_other_fields(state: ServerState, req) -> None:
+    """The request's fields beyond the declared ones (schemas.OTHER_FIELDS): taken where they change nothing here,
+    a 400 naming the field otherwise; a field no request of its kind has is a 400 too, or with
+    --ignore-unknown-fields logged and left out."""
+    unknown = []
+    for name, value in (req.model_extra or {}).items():
+        if name in OTHER_FIELDS:
+            problem = other_field_problem(name, value)
+            if problem is not None:
+                raise APIError(400, problem, param=name)
+        elif state.ignore_unknown_fields:
+            unknown.append(name)
+        else:
+            known = {f.alias or k for k, f in type(req).model_fields.items()} | set(OTHER_FIELDS)
+            raise APIError(400, unknown_field_message(name, known), param=name)
+    if unknown:
+        log.warning("fields left out of a request (--ignore-unknown-fields): %s", ", ".join(sorted(unknown)))
 
 
 def _choice_params(params: SequenceParams, index: int, session_seed: int) -> SequenceParams:
@@ -367,6 +392,7 @@ class _Completion:
     def __init__(self, state: ServerState, req, kind: str, tools: ToolPlan | None = None) -> None:
         self.state = state
         self.return_tokens = req.return_tokens
+        self.timings_per_token = req.timings_per_token
         self.tools = tools if tools is not None and tools.parses else None
         self.bodies = CompletionBodies(state.model_name, kind == "chat", return_tokens=req.return_tokens,
                                        include_usage=bool(req.stream_options and req.stream_options.include_usage),
@@ -388,23 +414,26 @@ class _Completion:
                 async for i, item in items:
                     reader = readers[i]
                     if isinstance(item, Delta) and reader is not None:
-                        for delta in reader.feed(item.text):
-                            yield sse(b.chunk([b.message_delta_choice(delta, index=i)]))
+                        deltas = reader.feed(item.text)
+                        for k, delta in enumerate(deltas):
+                            yield sse(b.chunk([b.message_delta_choice(delta, index=i)],
+                                              timings=item.timings if k == len(deltas) - 1 else None))
                     elif isinstance(item, Delta):
                         # text held back (a stop string may begin): no chunk, unless it carries tokens or logprobs
                         if item.text or self.return_tokens or item.logprobs:
                             yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs,
-                                                              index=i)]))
+                                                              index=i)], timings=item.timings))
                     elif isinstance(item, Final):
                         finish = item.finish_reason
+                        so_far = item.timings if self.timings_per_token else None
                         if reader is not None:
                             for delta in reader.feed(item.text) + reader.finish():
-                                yield sse(b.chunk([b.message_delta_choice(delta, index=i)]))
+                                yield sse(b.chunk([b.message_delta_choice(delta, index=i)], timings=so_far))
                             if reader.final.tool_calls and finish == "stop":
                                 finish = "tool_calls"
                         elif item.text or (item.tokens and (self.return_tokens or item.logprobs)):
                             yield sse(b.chunk([b.delta_choice(item.text, item.tokens, None, logprobs=item.logprobs,
-                                                              index=i)]))
+                                                              index=i)], timings=so_far))
                         yield sse(b.chunk([b.delta_choice(None, [], finish, index=i)], timings=item.timings))
                         usages.append(item.usage)
                         timings.append(item.timings)
@@ -497,6 +526,8 @@ async def _generate(state: ServerState, request: Request, req, kind: str, tokens
                 field_name=lambda param: _request_field(req, param),
                 special_tokens=tools.special_tokens if tools is not None else frozenset())
             for i in range(req.n)]
+    for job in jobs:
+        job.timings_per_token = req.timings_per_token
     try:
         engine.submit(*jobs)
     except (EngineBusy, EngineDraining) as e:
@@ -583,13 +614,14 @@ def create_app(loader: Callable[[], Loaded], *, alias: str | None = None, queue_
                enable_thinking: bool | None = None, api_key: str | None = None,
                on_fatal: Callable[[], None] | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                n_predict: int = -1, slots_endpoint: bool = True,
-               temperature: float = defaults.TEMPERATURE) -> FastAPI:
+               temperature: float = defaults.TEMPERATURE, ignore_unknown_fields: bool = False) -> FastAPI:
     """The ASGI app. `loader` runs in a thread once the server starts and returns the models and session (and an
     embedder, which serves /v1/embeddings); `on_fatal` is called (from that thread) if it fails. temperature: a
     request's when it sets none. app.state.server is the ServerState."""
     state = ServerState(loader, alias=alias, queue_size=queue_size, metrics_prefix=metrics_prefix,
                         chat_template=chat_template, enable_thinking=enable_thinking, on_fatal=on_fatal,
-                        n_predict=n_predict, slots_endpoint=slots_endpoint, temperature=temperature)
+                        n_predict=n_predict, slots_endpoint=slots_endpoint, temperature=temperature,
+                        ignore_unknown_fields=ignore_unknown_fields)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -698,6 +730,7 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.require_ready()
+        _check_other_fields(state, req)
         state.check_model(req.model)
         tokens, tools = await run_interruptible(state, request, state.chat_tokens, req)
         return await _generate(state, request, req, "chat", tokens, tools)
@@ -706,6 +739,7 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/completions")
     async def completions(req: CompletionRequest, request: Request):
         state.require_ready()
+        _check_other_fields(state, req)
         state.check_model(req.model)
         tokens = await run_interruptible(state, request, state.completion_tokens, req)
         return await _generate(state, request, req, "text", tokens)

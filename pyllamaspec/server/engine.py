@@ -68,6 +68,7 @@ class Delta:
     text: str
     tokens: list[int]
     logprobs: list | None = None   # TokenLogprob per token, when the request asked for them
+    timings: dict | None = None    # the timings so far, when the request asked for them per token
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class Job:
         self.n_processed = 0        # prompt tokens processed (the rest came from a slot's memory of an earlier one)
         self.n_drafted = 0
         self.n_accepted = 0
+        self.timings_per_token = False  # llama-server's timings_per_token: the timings so far with every piece
         self.prompt_counted = False
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops = StopMatcher(stop)
@@ -410,7 +412,8 @@ class Engine:
                 self.session.cancel(job.slot)   # a stop string ended it: free the slot at the next step
             self._complete(job, finish, "".join(step.text), step.tokens, now, step.logprobs)
         elif step.tokens:
-            job.push(Delta("".join(step.text), step.tokens, step.logprobs))
+            job.push(Delta("".join(step.text), step.tokens, step.logprobs,
+                           self._timings(job, now) if job.timings_per_token else None))
 
     def _count_prompt(self, job: Job, now: float) -> None:
         if job.prompt_counted:
@@ -420,8 +423,8 @@ class Engine:
             self.metrics.prompt_tokens.inc(len(job.tokens))
             self.metrics.prompt_seconds.inc(now - (job.t_admitted or now))
 
-    def _complete(self, job: Job, finish: str, text: str, tokens: list[int], now: float, logprobs=None) -> None:
-        self._count_prompt(job, now)
+    def _timings(self, job: Job, now: float) -> dict:
+        """llama-server's timings of the job up to now."""
         t_first = job.t_first if job.t_first is not None else now
         prompt_ms = (t_first - (job.t_admitted or t_first)) * 1000.0
         predicted_ms = (now - t_first) * 1000.0
@@ -444,6 +447,13 @@ class Engine:
             "draft_n": job.n_drafted,
             "draft_n_accepted": job.n_accepted,
         }
+        return timings
+
+    def _complete(self, job: Job, finish: str, text: str, tokens: list[int], now: float, logprobs=None) -> None:
+        self._count_prompt(job, now)
+        timings = self._timings(job, now)
+        predicted_ms = timings["predicted_ms"]
+        n_prompt, n_done = len(job.tokens), timings["prompt_n"]
         usage = {"prompt_tokens": n_prompt, "completion_tokens": job.n_generated,
                  "total_tokens": n_prompt + job.n_generated,
                  "prompt_tokens_details": {"cached_tokens": n_prompt - n_done}}

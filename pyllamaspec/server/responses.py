@@ -165,7 +165,7 @@ class CompletionBodies:
                "system_fingerprint": FINGERPRINT, "choices": choices}
         if self.include_usage:
             out["usage"] = None
-        out.update(extra)
+        out.update((k, v) for k, v in extra.items() if v is not None)  # timings only where there are some
         return out
 
     def delta_choice(self, text: str | None, tokens: list[int], finish: str | None, role: bool = False,

@@ -78,6 +78,7 @@ class GrammarTriggerField(_Strict):
 # (a client's defaults, llama.cpp's web UI sends them all), any other value is refused naming the field
 OFF_SAMPLERS = {"mirostat": (lambda v: v == 0, "0", "mirostat sampling"),
                 "typical_p": (lambda v: v >= 1.0, "1", "locally typical sampling"),
+                "typ_p": (lambda v: v >= 1.0, "1", "locally typical sampling"),  # the web UI's name for typical_p
                 "dynatemp_range": (lambda v: v == 0.0, "0", "dynamic temperature"),
                 "xtc_probability": (lambda v: v == 0.0, "0", "XTC sampling"),
                 "top_n_sigma": (lambda v: v <= 0.0, "-1", "top-n-sigma sampling"),
@@ -103,6 +104,7 @@ class SamplingFields(_Strict):
     grammar_triggers: list[GrammarTriggerField] | None = None
     mirostat: Any = None
     typical_p: Any = None
+    typ_p: Any = None
     dynatemp_range: Any = None
     xtc_probability: Any = None
     top_n_sigma: Any = None
@@ -238,12 +240,109 @@ class SamplingFields(_Strict):
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
+# -- the other fields of llama-server's and OpenAI's requests ----------------------------------------------------
+# A request's top-level field that is none of the declared ones is looked up here: taken where its value changes
+# nothing on this server (with why), a 400 naming it where it would (with what to do instead). A field in neither
+# place is a 400 too (`serve --ignore-unknown-fields` takes it, logged), as OpenAI answers an argument it does not
+# know: a misspelt setting is never dropped unnoticed.
+
+def _anything(_v) -> bool:
+    return True
+
+
+def _is(*values):
+    return lambda v: any(v is x or (type(v) is type(x) and v == x) for x in values)
+
+
+def _int_at_most(n: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v <= n
+
+
+def _empty(v) -> bool:
+    return v is None or v == [] or v == {} or v == ""
+
+
+# name: (takes(value), the reason a taken value changes nothing, the message of a refused one)
+OTHER_FIELDS: dict[str, tuple] = {
+    # OpenAI's bookkeeping
+    "user": (_anything, "an end-user id for the provider's records", ""),
+    "metadata": (_anything, "tags for the provider's records", ""),
+    "store": (_anything, "whether the provider stores the exchange", ""),
+    "service_tier": (_anything, "the provider's processing tier", ""),
+    "modalities": (lambda v: v is None or v == ["text"], "text is the only output",
+                   "this server answers in text only: modalities [\"text\"]"),
+    "audio": (_empty, "", "this server has no audio output"),
+    "prediction": (_empty, "", "predicted outputs are not taken: speculative decoding drafts by itself"),
+    "web_search_options": (_empty, "", "this server has no web search"),
+    "functions": (_empty, "", "functions is OpenAI's old form: give tools"),
+    "function_call": (_empty, "", "function_call is OpenAI's old form: give tool_choice"),
+    "reasoning_effort": (_empty, "", "reasoning_effort is not read by the chat templates here: set "
+                                     "chat_template_kwargs.enable_thinking"),
+    "best_of": (_is(1, None), "one candidate per choice", "best_of other than 1 is not supported: use n"),
+    # settings of samplers this server keeps off (their switches are refused unless off)
+    **{name: (_anything, "a setting of a sampler this server does not run (its switch is off)", "")
+       for name in ("xtc_threshold", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                    "dry_sequence_breakers", "mirostat_tau", "mirostat_eta", "min_keep")},
+    # llama-server's slot and context management
+    "cache_prompt": (_is(True, None), "a slot's cached prefix is always reused",
+                     "this server always reuses what a slot holds of the prompt (cache_prompt: true)"),
+    "id_slot": (_is(-1, None), "any free slot", "this server picks the slot (id_slot: -1)"),
+    "n_keep": (_anything, "the context is never shifted: a sequence that fills it ends (finish_reason length)", ""),
+    "n_discard": (_anything, "the context is never shifted", ""),
+    "n_indent": (_int_at_most(0), "", "n_indent is not supported"),
+    "t_max_predict_ms": (_int_at_most(0), "", "there is no time limit on generation here: bound it with max_tokens"),
+    "t_max_prompt_ms": (_int_at_most(0), "", "there is no time limit on prompt processing here"),
+    "return_progress": (_is(False, None), "", "prompt progress is not streamed"),
+    "response_fields": (_empty, "", "response_fields is not supported: the whole answer is sent"),
+    "post_sampling_probs": (_is(False, None), "", "post-sampling probabilities are not returned: logprobs are the "
+                                                  "target's before sampling"),
+    "reasoning_budget": (_int_at_most(-1), "", "a reasoning budget is not enforced here"),
+    "reasoning_budget_tag_start": (_anything, "without a reasoning budget", ""),
+    "reasoning_budget_tag_end": (_anything, "without a reasoning budget", ""),
+    "reasoning_budget_message": (_anything, "without a reasoning budget", ""),
+    "lora": (_empty, "", "this server loads no LoRA adapters"),
+    "chat_format": (_empty, "", "the chat format is the model's template's"),
+    "preserved_tokens": (_empty, "", "preserved_tokens are the chat template's own here"),
+    # chat requests
+    "add_generation_prompt": (_is(True, None), "the assistant's turn is always opened",
+                              "add_generation_prompt: false is not supported"),
+    "continue_final_message": (_is(False, None), "", "continuing the final message is not supported"),
+    "reasoning_format": (_is("none", None), "reasoning stays in the content",
+                         "this server returns reasoning in the content (reasoning_format: none)"),
+}
+
+
+def other_field_problem(name: str, value) -> str | None:
+    """Why a known field outside the declared ones is refused at this value (None: taken, it changes nothing here).
+    KeyError: not a field of llama-server's or OpenAI's requests."""
+    takes, _why, refused = OTHER_FIELDS[name]
+    if value is None:
+        return None  # null: left at its default, as llama-server reads it
+    try:
+        ok = takes(value)
+    except TypeError:
+        ok = False
+    return None if ok else f"{name}={value!r}: {refused}"
+
+
+def unknown_field_message(name: str, known) -> str:
+    """A field no request of this kind has: its name, and the closest one that is."""
+    import difflib
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"'{name}' is not a field of this request{hint}; serve --ignore-unknown-fields takes such fields (logged)"
+
+
 class GenerationRequest(SamplingFields):
     """What a chat and a text completion request share: the model, the sampling and draft settings, the stop
-    strings and how the answer is sent."""
+    strings and how the answer is sent. Other fields are kept for the app to judge (OTHER_FIELDS)."""
+
+    model_config = ConfigDict(strict=True, populate_by_name=True, extra="allow")
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    # llama-server's name for it (-1: no limit), read first as llama-server reads them
+    n_predict: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     top_p: Probability | None = None
     top_k: Annotated[int, Field(**_limits("top_k"))] | None = None
@@ -260,6 +359,7 @@ class GenerationRequest(SamplingFields):
     speculative_n_min: DraftLength | None = Field(None, alias="speculative.n_min")
     speculative_p_min: Probability | None = Field(None, alias="speculative.p_min")
     return_tokens: bool = False      # llama-server's extension: the generated token ids in each choice
+    timings_per_token: bool = False  # llama-server's: the timings so far in every streamed chunk
 
     @field_validator("stop")
     @classmethod
