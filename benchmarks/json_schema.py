@@ -1,5 +1,5 @@
 """JSON-schema output with and without speculation: decode tok/s and acceptance per arm (plain, n-gram, the draft
-model fixed and adaptive), arms interleaved per round, greedy, the same prompts for every arm.
+model fixed and adaptive, each with the draft model seeing the grammar and blind to it), arms interleaved per round, greedy, the same prompts for every arm.
 
 python benchmarks/json_schema.py -m TARGET.gguf -md DRAFTER.gguf --rounds 3 --n-predict 128 --json out.json
 
@@ -32,7 +32,10 @@ PROMPTS = ["List four users of a small company's wiki as JSON.",
            "Give four example staff members of a bakery's web shop as JSON."]
 ARMS = {"plain": dict(spec_types=[]), "ngram-mod": dict(spec_types=["ngram-mod"], n_max=8),
         "draft n_max=4": dict(spec_types=["draft-simple"], n_max=4, adaptive=False),
-        "draft adaptive": dict(spec_types=["draft-simple"], n_max=8)}
+        "draft adaptive": dict(spec_types=["draft-simple"], n_max=8),
+        # the draft model blind to the schema's grammar (its first choice drafted, as upstream's draft-simple)
+        "draft n_max=4, blind": dict(spec_types=["draft-simple"], n_max=4, adaptive=False, draft_grammar=False),
+        "draft adaptive, blind": dict(spec_types=["draft-simple"], n_max=8, draft_grammar=False)}
 
 
 def main() -> None:

@@ -126,12 +126,44 @@ void draft_model_first(pls_session & s, const std::vector<stream_state *> & draf
     check_remote(llama_get_model(s.ctx_dft.get()));
 }
 
-// One token per decode for every stream still drafting; each stops at its k or below p_min.
+// The first of the draft model's candidates (best first) that the grammar allows in its present state; n when
+// none is (a token outside the target's vocabulary never is).
+size_t first_allowed(const pls_session & s, llama_sampler * grammar, const llama_token_data_array * cur_p,
+                     std::vector<llama_token_data> & scratch) {
+    scratch.assign(cur_p->data, cur_p->data + cur_p->size);
+    for (auto & c : scratch) {
+        if (c.id < 0 || c.id >= s.n_vocab) {
+            c.id = 0;
+            c.logit = -INFINITY;
+        }
+    }
+    llama_token_data_array arr = { scratch.data(), scratch.size(), -1, false };
+    llama_sampler_apply(grammar, &arr);
+    for (size_t i = 0; i < scratch.size(); ++i) {
+        if (scratch[i].logit != -INFINITY && cur_p->data[i].id < s.n_vocab) {
+            return i;
+        }
+    }
+    return cur_p->size;
+}
+
+// One token per decode for every stream still drafting; each stops at its k, below p_min, or where none of the
+// draft model's top candidates is one the sequence's grammar allows (draft_grammar: the grammar in the state of the
+// committed text, a clone of the target's sampler, followed token by token through the draft).
 void draft_model_rest(pls_session & s, const std::vector<stream_state *> & drafting, std::vector<int32_t> & out_idx,
                       step_timing & tm) {
     llama_context * ctx = s.ctx_dft.get();
     common_batch & batch = s.batch_dft;
     size_t n_left = drafting.size();
+    std::vector<common_sampler_ptr> grammar(s.streams.size());
+    if (s.sp.draft_grammar) {
+        for (stream_state * st : drafting) {
+            if (common_sampler_get_grammar(st->smpl.get()) != nullptr) {
+                grammar[st->seq].reset(common_sampler_clone(st->smpl.get()));
+            }
+        }
+    }
+    std::vector<llama_token_data> scratch;
     while (n_left > 0) {
         const int64_t t1 = now_us();
         batch.clear();
@@ -143,10 +175,20 @@ void draft_model_rest(pls_session & s, const std::vector<stream_state *> & draft
             common_sampler_sample(smpl, ctx, out_idx[st->seq], true);
             const auto * cur_p = common_sampler_get_candidates(smpl, true);
             out_idx[st->seq] = -1;
-            const llama_token id = cur_p->data[0].id;
-            if (cur_p->data[0].p < st->p_min) {
+            llama_sampler * g = grammar[st->seq] ? common_sampler_get_grammar(grammar[st->seq].get()) : nullptr;
+            const size_t pick = g != nullptr ? first_allowed(s, g, cur_p, scratch) : 0;
+            if (pick >= cur_p->size || cur_p->data[pick].p < st->p_min) {
                 n_left--;
                 continue;
+            }
+            const llama_token id = cur_p->data[pick].id;
+            if (g != nullptr) {
+                try {
+                    llama_sampler_accept(g, id);
+                } catch (const std::exception &) {
+                    n_left--;  // the grammar cannot follow this token: the draft ends before it
+                    continue;
+                }
             }
             common_sampler_accept(smpl, id, true);
             st->draft.push_back(id);

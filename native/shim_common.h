@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 14
+#define PLS_ABI_VERSION 15
 
 struct pls_model {
     llama_model * model = nullptr;

@@ -461,6 +461,9 @@ class SessionConfig:
     # not draft before its next draft, this many per pass (the rest in powers of two); 0: 8 where the drafter runs on
     # a GPU, else all at once
     catchup_rows: int = 0
+    # a draft model (draft-simple) drafts the best of its top 10 candidates that the sequence's grammar allows (a
+    # drafted token the grammar forbids would be rejected); False: its best candidate, as upstream's draft-simple
+    draft_grammar: bool = True
 
     def __post_init__(self) -> None:
         owner = "SessionConfig"
@@ -534,6 +537,8 @@ class SessionConfig:
         _check_int(owner, "synth_seed", self.synth_seed, 0, UINT32_MAX)
         _check_int(owner, "trace_steps", self.trace_steps, 0, MAX_TRACE)
         _check_int(owner, "catchup_rows", self.catchup_rows, 0, 1 << 20)
+        if not isinstance(self.draft_grammar, bool):
+            raise ConfigTypeError(f"{owner}.draft_grammar={self.draft_grammar!r} must be true or false")
         types = self.spec_types or ()
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "

@@ -162,6 +162,30 @@ def test_a_lazy_grammar_holds_from_its_trigger_on_and_speculation_commits_the_sa
     assert after_trigger(spec) == by_token
 
 
+def test_a_draft_model_that_sees_the_grammar_drafts_what_lands_and_commits_the_same(dense) -> None:
+    # the drafter agrees with the target on its own, but the grammar (letters a-f) moves the target off its first
+    # choice: a drafter's first choice is refused where the grammar forbids it; drafting the best candidate the
+    # grammar allows lands more, and the committed text is the plain run's either way
+    target, drafter, _ref = dense
+    grammar, n = "root ::= [a-f]+", 32
+    with SpecSession(target, None, SessionConfig(spec_types=[], n_ctx=512)) as s:
+        plain_tokens = run_submitted(s, PROMPT, n, grammar=grammar)[0]
+    assert re.fullmatch("[a-f]+", target.detokenize(plain_tokens))
+    runs = {}
+    for sees in (False, True):
+        cfg = SessionConfig(spec_types=["draft-simple"], n_max=4, adaptive=False, n_ctx=512, draft_grammar=sees)
+        with SpecSession(target, drafter, cfg) as s:
+            tokens = run_submitted(s, PROMPT, n, grammar=grammar)[0]
+            runs[sees] = (tokens, s.stats())
+    for tokens, _stats in runs.values():
+        assert tokens == plain_tokens
+    blind, seeing = runs[False][1], runs[True][1]
+    assert blind.n_drafted > 0 and seeing.n_drafted > 0
+    assert seeing.n_accepted > blind.n_accepted and seeing.acceptance > blind.acceptance
+    with pytest.raises(ConfigError, match="draft_grammar"):
+        SessionConfig(draft_grammar=1)
+
+
 def test_grammar_triggers_that_cannot_be_honoured_are_refused_naming_them(dense) -> None:
     from pyllamaspec.config import SequenceParams
     from pyllamaspec.chat import GrammarTrigger
@@ -236,7 +260,9 @@ def test_a_grammar_rejects_the_drafts_it_forbids(real) -> None:
     grammar = 'root ::= [A-Z ]{4,40} "."'
     outs = []
     for types in ([], ["draft-simple"]):
-        cfg = SessionConfig(spec_types=types, n_max=4, adaptive=False, n_ctx=1024, grammar=grammar, margins=True)
+        # a drafter blind to the grammar, whose drafts the verifier must refuse
+        cfg = SessionConfig(spec_types=types, n_max=4, adaptive=False, n_ctx=1024, grammar=grammar, margins=True,
+                            draft_grammar=False)
         with SpecSession(target, drafter if types else None, cfg) as s:
             outs.append(s.generate(prompt, 48))
     for r in outs:

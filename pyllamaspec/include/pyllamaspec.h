@@ -235,6 +235,9 @@ typedef struct pls_session_params {
      * where up to 8 rows keep the vector kernels and recurring graph shapes; else all at once); after the full
      * passes the rest goes in passes of powers of two */
     int32_t  catchup_rows;
+    /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
+     * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
+    int32_t  draft_grammar;
 } pls_session_params;
 
 typedef struct pls_session_info {
