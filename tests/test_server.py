@@ -885,6 +885,8 @@ def test_n_predict_is_llama_servers_max_tokens(server):
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=TIMEOUT)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "one two", "n_predict": 0}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict", r.text
 
 
 def _stream_chunks(url, body):

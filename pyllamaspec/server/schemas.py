@@ -361,6 +361,13 @@ class GenerationRequest(SamplingFields):
     return_tokens: bool = False      # llama-server's extension: the generated token ids in each choice
     timings_per_token: bool = False  # llama-server's: the timings so far in every streamed chunk
 
+    @field_validator("n_predict")
+    @classmethod
+    def _n_predict_generates(cls, v):
+        if v == 0:
+            raise ValueError("n_predict=0 would generate nothing: give -1 (no limit) or at least 1")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _at_most_16_stops(cls, v):
