@@ -859,7 +859,7 @@ def test_other_llama_server_and_openai_fields_at_neutral_values_change_nothing(s
     ("reasoning_format", "auto"), ("reasoning_budget", 0), ("lora", [{"id": 0, "scale": 1.0}]),
     ("functions", [{"name": "f", "parameters": {}}]), ("best_of", 2), ("post_sampling_probs", True),
     ("return_progress", True), ("response_fields", ["content"]), ("modalities", ["text", "audio"]),
-    ("add_generation_prompt", False), ("prediction", {"type": "content", "content": "x"}),
+    ("add_generation_prompt", False), ("prediction", {"type": "content", "content": "x"}), ("min_keep", 5),
 ])
 def test_fields_this_server_cannot_honour_are_a_400_naming_them(server, field, value):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}

@@ -282,7 +282,10 @@ OTHER_FIELDS: dict[str, tuple] = {
     # settings of samplers this server keeps off (their switches are refused unless off)
     **{name: (_anything, "a setting of a sampler this server does not run (its switch is off)", "")
        for name in ("xtc_threshold", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-                    "dry_sequence_breakers", "mirostat_tau", "mirostat_eta", "min_keep")},
+                    "dry_sequence_breakers", "mirostat_tau", "mirostat_eta")},
+    # the fewest candidates top_p and min_p keep: they keep one anyway
+    "min_keep": (_int_at_most(1), "top_p and min_p keep at least one candidate anyway",
+                 "min_keep above 1 is not supported"),
     # llama-server's slot and context management
     "cache_prompt": (_is(True, None), "a slot's cached prefix is always reused",
                      "this server always reuses what a slot holds of the prompt (cache_prompt: true)"),
