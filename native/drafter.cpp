@@ -140,7 +140,7 @@ size_t first_allowed(const pls_session & s, llama_sampler * grammar, const llama
     llama_token_data_array arr = { scratch.data(), scratch.size(), -1, false };
     llama_sampler_apply(grammar, &arr);
     for (size_t i = 0; i < scratch.size(); ++i) {
-        if (scratch[i].logit != -INFINITY && cur_p->data[i].id < s.n_vocab) {
+        if (scratch[i].logit != -INFINITY) {
             return i;
         }
     }

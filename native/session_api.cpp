@@ -78,7 +78,10 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
     out->block_size = s->block_size;
     out->is_dflash2 = s->drafter ? llama_model_dflash_selector_top_k(s->drafter->model) > 0 : 0;
     out->n_rs_seq = s->n_rs_seq;
-    out->catchup_rows = s->catchup_rows;
+    // all at once: up to the drafter context's batch
+    out->catchup_rows = !s->process_every_batch || !s->ctx_dft ? 0
+                        : s->catchup_pass > 0                 ? s->catchup_pass
+                                                              : (int32_t) llama_n_batch(s->ctx_dft.get());
     out->ring_bytes = s->ring_bytes;
     out->rollback_target = s->rollback_tgt;
     out->rollback_draft = s->rollback_dft;

@@ -313,15 +313,18 @@ void set_drafter_kind(pls_session & s) {
 constexpr int32_t GPU_CATCHUP_ROWS = 8;
 
 void set_catchup_rows(pls_session & s) {
-    s.catchup_rows = 0;
     s.catchup_pass = 0;
     if (!s.process_every_batch || !s.ctx_dft) {
+        if (s.sp.catchup_rows > 0) {
+            fail(PLS_ERR_INVALID, "catchup_rows=" + std::to_string(s.sp.catchup_rows) +
+                                  ": only a drafter that reads the target's features (DFlash, DSpark, EAGLE3, MTP) takes "
+                                  "in skipped steps in passes, and this session has none; leave it at 0");
+        }
         return;
     }
     ggml_backend_dev_t dev = llama_model_dev_output(llama_get_model(s.ctx_dft.get()));
     const bool gpu = dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
     s.catchup_pass = s.sp.catchup_rows > 0 ? s.sp.catchup_rows : gpu ? GPU_CATCHUP_ROWS : 0;
-    s.catchup_rows = s.catchup_pass > 0 ? s.catchup_pass : (int32_t) llama_n_batch(s.ctx_dft.get());
 }
 
 // synthetic acceptance: validated by upstream's resolver, applied by the loop (upstream's engine only stores it)

@@ -459,7 +459,7 @@ class SessionConfig:
     trace_steps: int = 0
     # a drafter that reads the target's features (DFlash, DSpark, EAGLE3, MTP) takes in the rows of the steps it did
     # not draft before its next draft, this many per pass (the rest in powers of two); 0: 8 where the drafter runs on
-    # a GPU, else all at once
+    # a GPU, else all at once. Set for a session whose drafter reads no features, the session refuses to open
     catchup_rows: int = 0
     # a draft model (draft-simple) drafts the best of its top 10 candidates that the sequence's grammar allows (a
     # drafted token the grammar forbids would be rejected); False: its best candidate, as upstream's draft-simple

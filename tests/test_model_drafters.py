@@ -299,9 +299,11 @@ def test_a_catch_up_in_passes_of_a_few_rows_drafts_as_one_pass(dflash_setup, mtp
             assert seen[1] == seen[0] and seen[2] == seen[0]
 
 
-def test_catchup_rows_is_checked_and_reported_only_for_drafters_reading_the_target(dflash_setup):
+def test_catchup_rows_is_checked_and_refused_where_no_drafter_reads_the_target(dflash_setup):
     kind, target, d1, _, ref = dflash_setup
     with pytest.raises(ConfigError, match="catchup_rows"):
         SessionConfig(catchup_rows=-1)
-    with SpecSession(target, None, SessionConfig(spec_types="ngram-simple", catchup_rows=4)) as s:
+    with SpecSession(target, None, SessionConfig(spec_types="ngram-simple")) as s:
         assert s.info.catchup_rows == 0  # an n-gram lookup reads no features
+    with pytest.raises(ConfigError, match="catchup_rows=4: only a drafter that reads the target's features"):
+        SpecSession(target, None, SessionConfig(spec_types="ngram-simple", catchup_rows=4))

@@ -3,7 +3,7 @@ pyllamaspec.config.SEQUENCE_LIMITS (the API's and the command line's); the answe
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,17 +74,6 @@ class GrammarTriggerField(_Strict):
         return kind, self.value, self.token
 
 
-# llama-server's samplers this server does not run, each at the value that leaves it off: a request may send that
-# (a client's defaults, llama.cpp's web UI sends them all), any other value is refused naming the field
-OFF_SAMPLERS = {"mirostat": (lambda v: v == 0, "0", "mirostat sampling"),
-                "typical_p": (lambda v: v >= 1.0, "1", "locally typical sampling"),
-                "typ_p": (lambda v: v >= 1.0, "1", "locally typical sampling"),  # the web UI's name for typical_p
-                "dynatemp_range": (lambda v: v == 0.0, "0", "dynamic temperature"),
-                "xtc_probability": (lambda v: v == 0.0, "0", "XTC sampling"),
-                "top_n_sigma": (lambda v: v <= 0.0, "-1", "top-n-sigma sampling"),
-                "dry_multiplier": (lambda v: v == 0.0, "0", "DRY repetition penalties")}
-
-
 # llama-server's sampler names (and the letters of its samplers string), as upstream's common sampling reads them
 _SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
              "adaptive_p")
@@ -102,17 +91,6 @@ class SamplingFields(_Strict):
     # llama-server's lazy grammar: the text before the first trigger is free, the grammar holds from it
     grammar_lazy: bool = False
     grammar_triggers: list[GrammarTriggerField] | None = None
-    mirostat: Any = None
-    typical_p: Any = None
-    typ_p: Any = None
-    dynatemp_range: Any = None
-    xtc_probability: Any = None
-    top_n_sigma: Any = None
-    dry_multiplier: Any = None
-    # llama-server's per-token probabilities (this server returns OpenAI's logprobs instead) and its ignore_eos:
-    # refused unless off
-    n_probs_llama: Any = Field(None, alias="n_probs")
-    ignore_eos: Any = None
     # llama-server's sampler order: taken where it runs the samplers that act here in this server's order
     samplers: str | list[str] | None = None
 
@@ -134,32 +112,6 @@ class SamplingFields(_Strict):
             raise ValueError(f"samplers: this server runs {', '.join(SAMPLER_CHAIN)} in that order (the others off); "
                              f"the request orders {', '.join(acting) or 'none of them'}")
         return names
-
-    @field_validator(*OFF_SAMPLERS)
-    @classmethod
-    def _sampler_off(cls, v, info):
-        if v is None:
-            return v
-        off, neutral, what = OFF_SAMPLERS[info.field_name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not off(v):
-            raise ValueError(f"{info.field_name}={v!r}: this server does not run {what}; leave it out (or at "
-                             f"{neutral}, which keeps it off)")
-        return v
-
-    @field_validator("n_probs_llama")
-    @classmethod
-    def _n_probs_off(cls, v):
-        if v is not None and (isinstance(v, bool) or v != 0):
-            raise ValueError(f"n_probs={v!r}: ask for log-probabilities with logprobs (and top_logprobs)")
-        return v
-
-    @field_validator("ignore_eos")
-    @classmethod
-    def _ignore_eos_off(cls, v):
-        if v is not None and v is not False:
-            raise ValueError(f"ignore_eos={v!r}: this server always stops at an end-of-generation token "
-                             f"(pyllamaspec generate --ignore-eos does not)")
-        return v
 
     response_format: ResponseFormat | None = None
     grammar: str | None = None
@@ -254,22 +206,46 @@ def _is(*values):
     return lambda v: any(v is x or (type(v) is type(x) and v == x) for x in values)
 
 
+def _number_where(pred):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and pred(v)
+
+
+def _off(what: str, neutral: str) -> str:
+    return f"this server does not run {what}; leave it out (or at {neutral}, which keeps it off)"
+
+
 def _int_at_most(n: int):
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v <= n
 
 
 def _empty(v) -> bool:
-    return v is None or v == [] or v == {} or v == ""
+    return v == [] or v == {} or v == ""
 
 
-# name: (takes(value), the reason a taken value changes nothing, the message of a refused one)
+# name: (takes(value), the reason a taken value changes nothing, the message of a refused one); null is always taken
+# (left at its default, as llama-server reads it)
 OTHER_FIELDS: dict[str, tuple] = {
+    # llama-server's samplers this server does not run, taken at the value that keeps them off (a client's defaults:
+    # llama.cpp's web UI sends them all)
+    "mirostat": (_number_where(lambda v: v == 0), "off", _off("mirostat sampling", "0")),
+    "typical_p": (_number_where(lambda v: v >= 1.0), "off", _off("locally typical sampling", "1")),
+    "typ_p": (_number_where(lambda v: v >= 1.0), "off (the web UI's name for typical_p)",
+              _off("locally typical sampling", "1")),
+    "dynatemp_range": (_number_where(lambda v: v == 0.0), "off", _off("dynamic temperature", "0")),
+    "xtc_probability": (_number_where(lambda v: v == 0.0), "off", _off("XTC sampling", "0")),
+    "top_n_sigma": (_number_where(lambda v: v <= 0.0), "off", _off("top-n-sigma sampling", "-1")),
+    "dry_multiplier": (_number_where(lambda v: v == 0.0), "off", _off("DRY repetition penalties", "0")),
+    # llama-server's per-token probabilities (this server returns OpenAI's logprobs) and its ignore_eos
+    "n_probs": (_number_where(lambda v: v == 0), "none asked for",
+                "ask for log-probabilities with logprobs (and top_logprobs)"),
+    "ignore_eos": (_is(False), "the end of generation ends it",
+                   "this server always stops at an end-of-generation token (pyllamaspec generate --ignore-eos does not)"),
     # OpenAI's bookkeeping
     "user": (_anything, "an end-user id for the provider's records", ""),
     "metadata": (_anything, "tags for the provider's records", ""),
     "store": (_anything, "whether the provider stores the exchange", ""),
     "service_tier": (_anything, "the provider's processing tier", ""),
-    "modalities": (lambda v: v is None or v == ["text"], "text is the only output",
+    "modalities": (lambda v: v == ["text"], "text is the only output",
                    "this server answers in text only: modalities [\"text\"]"),
     "audio": (_empty, "", "this server has no audio output"),
     "prediction": (_empty, "", "predicted outputs are not taken: speculative decoding drafts by itself"),
@@ -278,7 +254,7 @@ OTHER_FIELDS: dict[str, tuple] = {
     "function_call": (_empty, "", "function_call is OpenAI's old form: give tool_choice"),
     "reasoning_effort": (_empty, "", "reasoning_effort is not read by the chat templates here: set "
                                      "chat_template_kwargs.enable_thinking"),
-    "best_of": (_is(1, None), "one candidate per choice", "best_of other than 1 is not supported: use n"),
+    "best_of": (_is(1), "one candidate per choice", "best_of other than 1 is not supported: use n"),
     # settings of samplers this server keeps off (their switches are refused unless off)
     **{name: (_anything, "a setting of a sampler this server does not run (its switch is off)", "")
        for name in ("xtc_threshold", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
@@ -287,17 +263,17 @@ OTHER_FIELDS: dict[str, tuple] = {
     "min_keep": (_int_at_most(1), "top_p and min_p keep at least one candidate anyway",
                  "min_keep above 1 is not supported"),
     # llama-server's slot and context management
-    "cache_prompt": (_is(True, None), "a slot's cached prefix is always reused",
+    "cache_prompt": (_is(True), "a slot's cached prefix is always reused",
                      "this server always reuses what a slot holds of the prompt (cache_prompt: true)"),
-    "id_slot": (_is(-1, None), "any free slot", "this server picks the slot (id_slot: -1)"),
+    "id_slot": (_is(-1), "any free slot", "this server picks the slot (id_slot: -1)"),
     "n_keep": (_anything, "the context is never shifted: a sequence that fills it ends (finish_reason length)", ""),
     "n_discard": (_anything, "the context is never shifted", ""),
     "n_indent": (_int_at_most(0), "", "n_indent is not supported"),
     "t_max_predict_ms": (_int_at_most(0), "", "there is no time limit on generation here: bound it with max_tokens"),
     "t_max_prompt_ms": (_int_at_most(0), "", "there is no time limit on prompt processing here"),
-    "return_progress": (_is(False, None), "", "prompt progress is not streamed"),
+    "return_progress": (_is(False), "", "prompt progress is not streamed"),
     "response_fields": (_empty, "", "response_fields is not supported: the whole answer is sent"),
-    "post_sampling_probs": (_is(False, None), "", "post-sampling probabilities are not returned: logprobs are the "
+    "post_sampling_probs": (_is(False), "", "post-sampling probabilities are not returned: logprobs are the "
                                                   "target's before sampling"),
     "reasoning_budget": (_int_at_most(-1), "", "a reasoning budget is not enforced here"),
     "reasoning_budget_tag_start": (_anything, "without a reasoning budget", ""),
@@ -307,10 +283,10 @@ OTHER_FIELDS: dict[str, tuple] = {
     "chat_format": (_empty, "", "the chat format is the model's template's"),
     "preserved_tokens": (_empty, "", "preserved_tokens are the chat template's own here"),
     # chat requests
-    "add_generation_prompt": (_is(True, None), "the assistant's turn is always opened",
+    "add_generation_prompt": (_is(True), "the assistant's turn is always opened",
                               "add_generation_prompt: false is not supported"),
-    "continue_final_message": (_is(False, None), "", "continuing the final message is not supported"),
-    "reasoning_format": (_is("none", None), "reasoning stays in the content",
+    "continue_final_message": (_is(False), "", "continuing the final message is not supported"),
+    "reasoning_format": (_is("none"), "reasoning stays in the content",
                          "this server returns reasoning in the content (reasoning_format: none)"),
 }
 

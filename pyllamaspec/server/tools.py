@@ -163,9 +163,9 @@ def call_opening(render, name: str | None) -> str:
     """How a reply that must call a tool begins, in the template's own format: the text the template writes
     before a call's function name (with a named function: through the name, up to its first argument). Found by
     rendering a conversation with and without a marked call (render(messages, add_generation_prompt) -> prompt).
-    The sampler applies no lazy grammar (one that starts at a trigger: the template's call format), so tool_choice
-    'required' (or a named function) is honoured by starting the reply with this text in the prompt; a template
-    that does not render calls that way is refused."""
+    tool_choice 'required' (or a named function) is honoured by starting the reply with this text in the prompt
+    (the template's lazy grammar serves 'auto': ToolPlan.sampling); a template that does not render calls that way
+    is refused."""
     base = [{"role": "user", "content": "x"}]
     call = {"role": "assistant", "content": "", "tool_calls": [{
         "id": "call_0", "type": "function",
