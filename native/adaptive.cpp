@@ -37,7 +37,9 @@ constexpr int32_t OWED_RUN_MAX = 4;        // probes in a row to price drafting,
 constexpr double PROBE_PAYS_MARGIN = 1.02; // a probe turns drafting on where it would gain more than this
 constexpr int32_t NEW_PROMPT_GAP_MAX = 32; // first probe interval of a new prompt, at most
 constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
-constexpr int32_t SWITCH_STEPS = 8;        // a stream turned on by a probe is expected to draft this long, at least
+// a stream turned on by a probe is expected to draft this long, at least (at 8, a GPU's switch cost kept probes that
+// landed every token at p 0.6 from turning drafting on: replayed on the 35B-A3B's trace, 10 of 24 sessions trapped)
+constexpr int32_t SWITCH_STEPS = 24;
 constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its cold runs: on a GPU an eager one, then a capture
 constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
 constexpr double STALL_STEP = 0.125;      // the most one dear run raises a learnt cost by (a share of it)

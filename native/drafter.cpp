@@ -68,6 +68,7 @@ void draft_model_truncate(pls_session & s, stream_state & st, int32_t pos) {
     llama_memory_seq_rm(mem, st.seq, -1, -1);
     st.dft.pos = 0;
     st.dft.ckpt_valid = false;
+    st.dft.skipped_to = 0;
 }
 
 int32_t draft_model_pending(const stream_state & st) {
@@ -90,6 +91,7 @@ void draft_model_first(pls_session & s, const std::vector<stream_state *> & draf
             // too far behind to catch up cheaply: restart from the recent context
             llama_memory_seq_rm(mem, st->seq, -1, -1);
             from = std::max(0, st->n_past - limit);
+            st->dft.skipped_to = from;
             st->dft.ckpt_valid = false;
         }
         st->catchup = st->n_past - from;

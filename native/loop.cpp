@@ -155,31 +155,97 @@ bool prefix_reusable(const pls_session & s) {
     return s.rollback_tgt == ROLLBACK_KV && !s.process_every_batch;
 }
 
-// A sequence takes a slot: its memory cleared - but for the longest prefix of its prompt that the slot's last
-// sequence left in the target's memory, when it joins a running batch - its own sampler, its prompt queued.
+namespace {
+
+// A prefix another slot holds is copied from there when it is at least this much longer than the slot's own: a
+// stream's memory is copied whole (on a CPU, a few milliseconds for a context of thousands of tokens), and a few
+// tokens of prompt are processed with the others' rows of the batch anyway.
+constexpr int32_t MIN_SHARED = 8;
+
+struct prefix_source {
+    int32_t seq = -1;      // the slot whose target memory holds it
+    int32_t n_tokens = 0;  // its length, at most the prompt's but one token
+};
+
+// The tokens another slot's target memory holds from position 0 on: a generating sequence's committed tokens, or
+// what a finished one left (the caller holds s.ops_mu). A sequence still processing its prompt offers none.
+const llama_tokens * held_by(const pls_session & s, int32_t j) {
+    const stream_state & o = s.streams[j];
+    if (o.used) {
+        return o.active ? &o.prompt_tgt : nullptr;
+    }
+    return j < (int32_t) s.slot_kv.size() ? &s.slot_kv[j] : nullptr;
+}
+
+int32_t common_prefix(const llama_tokens & kv, const int32_t * prompt, int32_t n_prompt) {
+    const int32_t most = std::min<int32_t>((int32_t) kv.size(), n_prompt - 1);  // the last token is verified
+    int32_t n = 0;
+    while (n < most && kv[n] == prompt[n]) {
+        n++;
+    }
+    return n;
+}
+
+// The longest prefix of a prompt (but its last token) that the target's memory holds in a slot other than seq.
+prefix_source shared_prefix(const pls_session & s, llama_seq_id seq, const int32_t * prompt, int32_t n_prompt) {
+    prefix_source best;
+    for (int32_t j = 0; j < (int32_t) s.streams.size(); ++j) {
+        const llama_tokens * kv = j == seq ? nullptr : held_by(s, j);
+        const int32_t n = kv ? common_prefix(*kv, prompt, n_prompt) : 0;
+        if (n > best.n_tokens) {
+            best = { j, n };
+        }
+    }
+    return best;
+}
+
+}  // namespace
+
+// A sequence takes a slot: its memory cleared - but for the longest prefix of its prompt that the target's memory
+// holds, when it joins a running batch: what the slot's last sequence left, or, at least MIN_SHARED tokens longer,
+// what another slot holds (its memory copied: n choices of one prompt, a prompt shared by clients) - its own
+// sampler, its prompt queued.
 void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, int32_t n_prompt, const pls_seq_params * p,
                   const sampling_spec * spec) {
     const llama_seq_id seq = st.seq;
     int32_t keep = 0;
+    prefix_source other;
     {
         std::lock_guard<std::mutex> lock(s.ops_mu);
         if (p != nullptr && prefix_reusable(s) && seq < (int32_t) s.slot_kv.size()) {
-            const llama_tokens & kv = s.slot_kv[seq];
-            const int32_t most = std::min<int32_t>((int32_t) kv.size(), n_prompt - 1);  // the last token is verified
-            while (keep < most && kv[keep] == prompt[keep]) {
-                keep++;
-            }
+            keep = common_prefix(s.slot_kv[seq], prompt, n_prompt);
+            other = shared_prefix(s, seq, prompt, n_prompt);
         }
         if (seq < (int32_t) s.slot_kv.size()) {
             s.slot_kv[seq].clear();
         }
     }
     llama_memory_t mem = llama_get_memory(s.ctx_tgt.get());
+    bool dft_copied = false;
+    if (other.seq >= 0 && other.n_tokens >= keep + MIN_SHARED) {
+        // a stream's memory is copied whole (llama.cpp copies across KV streams no other way), then cut to the prefix
+        llama_memory_seq_rm(mem, seq, -1, -1);
+        llama_memory_seq_cp(mem, other.seq, seq, -1, -1);
+        keep = other.n_tokens;
+        // the draft model's memory too, where the other sequence's holds the prefix from position 0 and can be cut
+        const stream_state & o = s.streams[other.seq];
+        if (s.ctx_dft && s.own_draft_model && !s.use_ckpt_dft && o.used && o.active && o.dft.skipped_to == 0 &&
+            o.dft.pos >= keep) {
+            llama_memory_t mem_dft = llama_get_memory(s.ctx_dft.get());
+            llama_memory_seq_rm(mem_dft, seq, -1, -1);
+            llama_memory_seq_cp(mem_dft, other.seq, seq, -1, -1);
+            dft_copied = llama_memory_seq_rm(mem_dft, seq, keep, -1);
+            if (!dft_copied) {
+                llama_memory_seq_rm(mem_dft, seq, -1, -1);
+            }
+        }
+    }
     if (keep == 0 || !llama_memory_seq_rm(mem, seq, keep, -1)) {
         llama_memory_seq_rm(mem, seq, -1, -1);
         keep = 0;
+        dft_copied = false;
     }
-    if (s.ctx_dft) {
+    if (s.ctx_dft && !dft_copied) {
         llama_memory_seq_rm(llama_get_memory(s.ctx_dft.get()), seq, -1, -1);
     }
     if (s.spec) {
@@ -232,7 +298,7 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     s.ctl->reset_stream(seq);
     // where costs measured on this machine say drafting could not pay even if every token landed, the draft model
     // does not read the prompt now: it catches up on the recent context should that change
-    st.dft.reads_prompt = !s.own_draft_model || (keep == 0 && s.ctl->worth_drafting(n_prompt));
+    st.dft.reads_prompt = !s.own_draft_model || dft_copied || (keep == 0 && s.ctl->worth_drafting(n_prompt));
     s.active = true;
 }
 
@@ -1026,6 +1092,33 @@ int32_t step(pls_session & s, std::vector<std::vector<int32_t>> & out_tokens, st
     return n_left;
 }
 
+namespace {
+
+// A sequence whose prompt starts like that of one processing its prompt now, by at least MIN_SHARED tokens more than
+// any slot holds, waits for that prompt to be processed and then copies it: n choices of one prompt, or clients
+// sending one prompt together, process it once.
+bool waits_for_prefix(pls_session & s, const pls_session::pending_add & a) {
+    if (!prefix_reusable(s)) {
+        return false;
+    }
+    const int32_t n_prompt = (int32_t) a.prompt.size();
+    int32_t lead = 0;
+    for (const auto & o : s.streams) {
+        if (o.used && o.prefilling && o.seq != a.slot) {
+            lead = std::max(lead, std::min(common_prefix(o.prompt_in, a.prompt.data(), n_prompt),
+                                           (int32_t) o.prompt_in.size() - 1));
+        }
+    }
+    if (lead < MIN_SHARED) {
+        return false;
+    }
+    std::lock_guard<std::mutex> lock(s.ops_mu);
+    const int32_t own = a.slot < (int32_t) s.slot_kv.size() ? common_prefix(s.slot_kv[a.slot], a.prompt.data(), n_prompt) : 0;
+    return lead >= std::max(own, shared_prefix(s, a.slot, a.prompt.data(), n_prompt).n_tokens) + MIN_SHARED;
+}
+
+}  // namespace
+
 int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
     events.clear();
     // what other threads asked for since the last step
@@ -1036,8 +1129,18 @@ int32_t step_seqs(pls_session & s, std::vector<pls_seq_event> & events) {
         adds.swap(s.adds);
         cancels.swap(s.cancels);
     }
+    std::vector<pls_session::pending_add> later;
     for (auto & a : adds) {
+        const bool cancelled = std::find(cancels.begin(), cancels.end(), a.slot) != cancels.end();
+        if (!cancelled && waits_for_prefix(s, a)) {
+            later.push_back(std::move(a));
+            continue;
+        }
         start_stream(s, s.streams[a.slot], a.prompt.data(), (int32_t) a.prompt.size(), &a.params, &a.sampling);
+    }
+    if (!later.empty()) {
+        std::lock_guard<std::mutex> lock(s.ops_mu);
+        s.adds.insert(s.adds.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
     }
     for (int32_t slot : cancels) {
         stream_state & st = s.streams[slot];

@@ -42,7 +42,7 @@ struct scoped_timer {
 // The draft model's view of one stream: what of the stream its KV holds.
 struct draft_stream {
     int32_t pos = 0;           // next position the drafter would write; tokens [pos, n_past) are pending
-    int32_t skipped_to = 0;    // catch-up may skip a stretch: positions below this that were never decoded
+    int32_t skipped_to = 0;    // a catch-up that restarted from the recent context: positions below it never decoded
     bool ckpt_valid = false;   // a state checkpoint of a drafter that cannot drop tokens
     int32_t ckpt_pos = 0;
     bool reads_prompt = true;  // the prompt goes to the draft model with the target (else it catches up if it drafts)

@@ -105,6 +105,18 @@ extern "C" int32_t pls_step_seqs(pls_session * s, pls_seq_event * events, int32_
                     events[(*n_events)++] = e;
                 }
             }
+            {
+                // and each sequence still queued (one waiting to copy another's prompt): its slot is freed too
+                std::lock_guard<std::mutex> lock(s->ops_mu);
+                for (const auto & a : s->adds) {
+                    if (*n_events < capacity) {
+                        pls_seq_event e{};
+                        e.slot = a.slot;
+                        e.finish = PLS_FINISH_ERROR;
+                        events[(*n_events)++] = e;
+                    }
+                }
+            }
             s->spec_reusable = false;
             reset_generation(*s);
             s->continuous = true;

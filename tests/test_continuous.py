@@ -243,6 +243,62 @@ def step_until_done(s, slots, keep_running):
     return tokens, processed
 
 
+@pytest.mark.parametrize("spec", ["plain", "draft-simple", "ngram-mod"])
+def test_sequences_sent_one_prompt_together_process_it_once(models, spec):
+    # n choices of one prompt (or clients sending the same one at once): the first sequence processes it, the others
+    # wait for that and copy its memory - the target's, and the draft model's, which then catches up on nothing
+    target, drafter, _ = models
+    prompt = (PROMPTS[0] + PROMPTS[3]) * 2
+    cfg = SessionConfig(adaptive=False, spec_types=[] if spec == "plain" else [spec], n_max=4, n_ctx=2048,
+                        n_parallel=3, ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=4, cost_cache=False,
+                        trace_steps=4096)
+    with SpecSession(target, drafter if spec == "draft-simple" else None, cfg) as s:
+        slots = [s.submit(prompt, n_predict=N_PREDICT) for _ in range(3)]
+        out, processed = step_until_done(s, slots, keep_running=None)
+        assert sorted(processed.values()) == [0, 0, len(prompt) - 1]
+        ref = solo(target, prompt)
+        for k in slots:
+            assert_near(out[k], ref)
+        if spec == "draft-simple":
+            caught_up = [c for step in s.take_trace() for c in step["catchup"]]
+            assert max(caught_up) == 0  # no stream's draft model had the prompt to read before its first draft
+
+
+def test_a_prompt_continuing_a_running_sequence_copies_what_it_committed(models):
+    # a client sends the text another sequence is still generating, and more: only the new part is processed
+    target, drafter, _ = models
+    cfg = SessionConfig(adaptive=False, spec_types=["draft-simple"], n_max=4, n_ctx=2048, n_parallel=2,
+                        cost_cache=False)
+    with SpecSession(target, drafter, cfg) as s:
+        first = s.submit(PROMPTS[0] * 2, n_predict=200)
+        answer = []
+        while len(answer) < 12:
+            events, _ = s.step_sequences()
+            answer += [t for e in events for t in e.tokens]
+        follow = PROMPTS[0] * 2 + answer[:10] + [3, 1, 4]
+        second = s.submit(follow, n_predict=N_PREDICT)
+        assert second != first
+        out, processed = step_until_done(s, [second], keep_running=first)
+        s.cancel(first)
+        assert processed[second] == len(follow) - 1 - (len(PROMPTS[0]) * 2 + 10)
+        assert_near(out[second], solo(target, follow))
+
+
+def test_a_target_whose_memory_cannot_be_cut_processes_each_prompt(hybrid_pair):
+    # a recurrent target keeps no prefix (its state is the whole past): each sequence processes its prompt, and
+    # none waits for another
+    t, _ = hybrid_pair
+    prompt = (PROMPTS[0] + PROMPTS[3]) * 2
+    with Model(t) as target:
+        cfg = SessionConfig(spec_types=[], n_ctx=2048, n_parallel=2, cost_cache=False)
+        with SpecSession(target, None, cfg) as s:
+            slots = [s.submit(prompt, n_predict=12) for _ in range(2)]
+            out, processed = step_until_done(s, slots, keep_running=None)
+            assert processed == dict.fromkeys(slots, len(prompt) - 1)
+            assert_near(out[slots[0]], solo(target, prompt, 12))
+            assert_near(out[slots[1]], solo(target, prompt, 12))
+
+
 def test_new_sequences_take_slots_beside_the_running_ones(models):
     # a batch reaches the model in one pass only over consecutive slots (each slot is a KV stream; llama.cpp splits
     # a batch at every gap), so a new sequence goes beside the running ones - unless a slot remembers a much

@@ -314,6 +314,20 @@ def test_n_choices_are_each_the_greedy_output_with_and_without_drafting(server, 
             assert_near(tokens[i], ref(prompt))
 
 
+def test_n_choices_process_their_prompt_once(server, refs):
+    """The first choice processes the prompt; the others copy its memory (timings count their prompt as cached),
+    and each is still the prompt's plain output."""
+    ref, _ = refs
+    prompt = list(range(60, 90))  # no slot holds any of it
+    r = client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, n=3,
+                                          extra_body={"return_tokens": True})
+    t = extra(r, "timings")
+    assert t["prompt_n"] == len(prompt) + 2  # the whole prompt once, and each other choice's last token
+    assert t["cache_n"] == 2 * (len(prompt) - 1)
+    for ch in r.choices:
+        assert_near(extra(ch, "tokens"), ref(prompt, 8))
+
+
 def test_n_chat_choices_stream_with_their_index(server, refs):
     ref, chat_tokens = refs
     messages = [{"role": "user", "content": "count to five"}]

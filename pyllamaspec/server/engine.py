@@ -377,6 +377,7 @@ class Engine:
                 m.draft(e.n_drafted, e.n_accepted)
         if e.tokens and job.t_first is None:
             job.t_first = now
+            job.n_processed += 1  # the prompt's last token, processed with the step that gave the first token
             self._count_prompt(job, now)
             if m is not None:
                 m.ttft.observe(now - job.t_arrival)

@@ -130,8 +130,8 @@ def merged_usage(usages: list[dict]) -> dict:
 
 
 def merged_timings(timings: list[dict]) -> dict:
-    """llama-server's timings over a request's choices: counts summed (each choice processed the prompt in its own
-    slot), times the longest choice's (they ran together), rates from those."""
+    """llama-server's timings over a request's choices: counts summed (a choice whose slot copied the prompt that
+    another processed counts it as cached), times the longest choice's (they ran together), rates from those."""
     if len(timings) == 1:
         return timings[0]
     out = {k: sum(t[k] for t in timings) for k in ("cache_n", "prompt_n", "predicted_n", "draft_n",
