@@ -157,9 +157,8 @@ bool prefix_reusable(const pls_session & s) {
 
 namespace {
 
-// A prefix another slot holds is copied from there when it is at least this much longer than the slot's own: a
-// stream's memory is copied whole (on a CPU, a few milliseconds for a context of thousands of tokens), and a few
-// tokens of prompt are processed with the others' rows of the batch anyway.
+// A prefix another slot holds is copied from there when it is at least this much longer than the slot's own: the
+// other stream's memory is copied whole, and a few tokens of prompt are processed with the batch's other rows anyway.
 constexpr int32_t MIN_SHARED = 8;
 
 struct prefix_source {

@@ -264,6 +264,29 @@ def test_sequences_sent_one_prompt_together_process_it_once(models, spec):
             assert max(caught_up) == 0  # no stream's draft model had the prompt to read before its first draft
 
 
+def test_a_sequence_waiting_for_a_prompt_can_be_cancelled(models):
+    # the second of two sequences of one prompt waits in the queue while the first processes it; cancelled there, it
+    # ends with the next step and frees its slot, and the first is unaffected
+    target, _, _ = models
+    prompt = (PROMPTS[0] + PROMPTS[3]) * 2
+    cfg = SessionConfig(spec_types=[], n_ctx=2048, n_parallel=2, n_batch=64, n_ubatch=64, cost_cache=False)
+    with SpecSession(target, None, cfg) as s:
+        a, b = s.submit(prompt, n_predict=N_PREDICT), s.submit(prompt, n_predict=N_PREDICT)
+        # a processes its prompt; b, which would have had the batch's other 23 rows for its own, waits
+        events, left = s.step_sequences()
+        assert left == 2 and [e.slot for e in events] == [a]
+        tokens = list(events[0].tokens)
+        s.cancel(b)
+        events, left = s.step_sequences()
+        ended = [e for e in events if e.slot == b]
+        assert len(ended) == 1 and ended[0].finish_reason is not None and ended[0].tokens == []
+        assert left == 1
+        tokens += [t for e in events if e.slot == a for t in e.tokens]
+        out, _ = step_until_done(s, [a], keep_running=None)
+        assert_near(tokens + out[a], solo(target, prompt))
+        assert {s.submit(prompt, n_predict=2), s.submit(PROMPTS[1], n_predict=2)} == {a, b}  # both slots free again
+
+
 def test_a_prompt_continuing_a_running_sequence_copies_what_it_committed(models):
     # a client sends the text another sequence is still generating, and more: only the new part is processed
     target, drafter, _ = models
@@ -273,7 +296,8 @@ def test_a_prompt_continuing_a_running_sequence_copies_what_it_committed(models)
         first = s.submit(PROMPTS[0] * 2, n_predict=200)
         answer = []
         while len(answer) < 12:
-            events, _ = s.step_sequences()
+            events, left = s.step_sequences()
+            assert left == 1
             answer += [t for e in events for t in e.tokens]
         follow = PROMPTS[0] * 2 + answer[:10] + [3, 1, 4]
         second = s.submit(follow, n_predict=N_PREDICT)
