@@ -83,17 +83,19 @@ phase_catchup() {
     phase_synth27 && grid "h200-27b-catchup$tag" /tmp/m/t27.gguf /tmp/m/d27.gguf "$arms" 0 0 --sweep-n-max 3 "${rows[@]}" \
         && phase_synth35 && grid "h200-35b-catchup$tag" /tmp/m/t35.gguf /tmp/m/d35.gguf "$arms" 0 0 --sweep-n-max 3 "${rows[@]}"
 }
-phase_g27deep() {  # ARMS_4K / ARMS_16K narrow one depth (a 16k prompt is processed once per generation)
-    phase_synth27 && grid h200-27b-d4096 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_4K:-${ARMS:-plain,n3,n7,adaptive7}}" 4096 "${LEVELS:-0,0.8}" --ubatch 2048 \
-        && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS_16K:-${ARMS:-plain,n3,n7,adaptive7}}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+phase_g27deep() {  # DEPTHS (default "4096 16384"); ARMS_4K / ARMS_16K narrow one depth (a 16k prompt is processed once per generation)
+    phase_synth27 || return 1
+    local d arms
+    for d in ${DEPTHS:-4096 16384}; do
+        case $d in
+            4096) arms=${ARMS_4K:-${ARMS:-plain,n3,n7,adaptive7}} ;;
+            16384) arms=${ARMS_16K:-${ARMS:-plain,n3,n7,adaptive7}} ;;
+            *) arms=${ARMS:-plain,n3,n7,adaptive7} ;;
+        esac
+        grid "h200-27b-d$d" /tmp/m/t27.gguf /tmp/m/d27.gguf "$arms" "$d" "${LEVELS:-0,0.8}" --ubatch 2048 || return 1
+    done
 }
-phase_g27d16k() {  # depth 16384 alone (its prompts take most of a call)
-    phase_synth27 && grid h200-27b-d16384 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n7,adaptive7}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
-}
-phase_g27deep() {  # the 27B cell at a depth (DEPTH, default 4096): a long prompt is processed once per generation
-    phase_synth27 && grid "h200-27b-d${DEPTH:-4096}" /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,adaptive7}" "${DEPTH:-4096}" \
-        "${LEVELS:-0,0.6,0.8}" --ubatch 2048
-}
+phase_g27d16k() { DEPTHS=16384 ARMS=${ARMS:-plain,n7,adaptive7} phase_g27deep; }  # depth 16384 alone (its prompts take most of a call)
 phase_g35() {
     phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
         --sweep-n-max "${SWEEP_MAX:-15}"

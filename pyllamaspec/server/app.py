@@ -524,10 +524,9 @@ async def _generate(state: ServerState, request: Request, req, kind: str, tokens
     loop = asyncio.get_running_loop()
     jobs = [Job(tokens, _choice_params(params, i, state.loaded.session.config.seed), loop, prompt_param, stops,
                 field_name=lambda param: _request_field(req, param),
-                special_tokens=tools.special_tokens if tools is not None else frozenset())
+                special_tokens=tools.special_tokens if tools is not None else frozenset(),
+                timings_per_token=req.timings_per_token)
             for i in range(req.n)]
-    for job in jobs:
-        job.timings_per_token = req.timings_per_token
     try:
         engine.submit(*jobs)
     except (EngineBusy, EngineDraining) as e:

@@ -123,7 +123,7 @@ class Job:
 
     def __init__(self, tokens: list[int], params: SequenceParams, loop: asyncio.AbstractEventLoop,
                  prompt_param: str = "prompt", stop: tuple[str, ...] = (), field_name=None,
-                 special_tokens: frozenset[int] = frozenset()) -> None:
+                 special_tokens: frozenset[int] = frozenset(), timings_per_token: bool = False) -> None:
         self.id = next(_ids)
         self.tokens = tokens
         self.special_tokens = special_tokens  # sent as their text (a tool call's markup), not dropped
@@ -142,7 +142,7 @@ class Job:
         self.n_processed = 0        # prompt tokens processed (the rest came from a slot's memory of an earlier one)
         self.n_drafted = 0
         self.n_accepted = 0
-        self.timings_per_token = False  # llama-server's timings_per_token: the timings so far with every piece
+        self.timings_per_token = timings_per_token  # llama-server's: the timings so far with every piece
         self.prompt_counted = False
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops = StopMatcher(stop)
