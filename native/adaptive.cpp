@@ -44,6 +44,13 @@ constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its c
 constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
 constexpr double STALL_STEP = 0.125;      // the most one dear run raises a learnt cost by (a share of it)
 constexpr double COLD_MAX = 4.0;          // a one-off run's extra beyond this many steady runs of its size is a stall
+// a lone stream's whole step by its draft length: a mean over this many steps at most (a step's cost spreads +-13% on the
+// H200 with its acceptance), judged by once measured this often, and tried (where a batch's first runs are cold) in runs
+// this long - a try's cost on a GPU is its two changes of batch size, not its length
+constexpr int32_t WHOLE_MEMORY = 32;
+constexpr int32_t WHOLE_MIN = 6;
+constexpr int32_t EXPLORE_RUN = 12;
+constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
 
 }  // namespace
 
@@ -409,6 +416,9 @@ controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
     pool_[0].resize(std::max(1, p_.n_max));
     pool_[1].resize(std::max(1, p_.n_max));
     last_k_.assign(p_.n_streams, 0);
+    for (auto & w : whole_) {
+        w.assign(p_.n_max + 1, whole_cost{});
+    }
     for (auto & s : s_) {
         s.led_real.assign(LEDGER_STEPS, 0.0);
         s.led_plain.assign(LEDGER_STEPS, 0.0);
@@ -432,6 +442,8 @@ void controller::reset_stream(int32_t stream) {
     // otherwise still overrides it within some tens of drafts
     s.src = 0;
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
+    k_prev_[0] = k_prev_[1] = -1;
+    s.explore_left = 0;
     s.probing = false;
     // (a second reset before any step - a session resets its streams, then starts the prompt's - changes nothing)
     if ((s.off || s.resume_gap > 0) && cold_dear(last_bucket_) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
@@ -595,6 +607,60 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
     return ms + (overhead_seen_spec_ ? overhead_spec_ : 0.0);
 }
 
+double controller::whole_fix(int32_t stream, int32_t k, int32_t bucket) const {
+    if (k <= 0 || stream < 0 || stream >= (int32_t) s_.size()) {
+        return 1.0;
+    }
+    const int32_t n = (int32_t) s_.size();
+    std::vector<int32_t> kk(n, 0), act(n, 0), pend(n, 0);
+    act[stream] = 1;
+    pend[stream] = p_.kind == DRAFTER_MODEL ? 1 : 0;  // a steady run's draft model has a token or none to catch up
+    // the measured length nearest to k (the shorter first): its whole step against the parts' sum now
+    for (int32_t d = 0; d <= p_.n_max; ++d) {
+        for (const int32_t m : { k - d, k + d }) {
+            const whole_cost * w = m >= 1 && m <= p_.n_max && (d > 0 || m == k) ? whole_at(m, bucket) : nullptr;
+            if (w == nullptr) {
+                continue;
+            }
+            const double whole = w->ms;
+            kk[stream] = m;
+            const double parts = predict_step(kk, act, pend, bucket);
+            if (whole > 0.0 && parts > 0.0) {
+                return std::clamp(whole / parts, 0.5, 2.0);
+            }
+        }
+    }
+    return 1.0;
+}
+
+const controller::whole_cost * controller::whole_at(int32_t k, int32_t bucket) const {
+    if (bucket < 0 || bucket >= cost_table::N_BUCKETS || k < 1 || k >= (int32_t) whole_[bucket].size()) {
+        return nullptr;
+    }
+    const whole_cost & w = whole_[bucket][k];
+    return w.count >= WHOLE_MIN || w.imported ? &w : nullptr;
+}
+
+double controller::predict_priced(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
+                                  const std::vector<int32_t> & pending, int32_t bucket,
+                                  const std::vector<int32_t> & free) const {
+    const double ms = predict_step(k, active, pending, bucket, free);
+    int32_t lone = -1, n_active = 0;
+    for (size_t i = 0; i < k.size() && i < active.size(); ++i) {
+        if (active[i]) {
+            n_active++;
+            lone = (int32_t) i;
+        }
+    }
+    // (an upstream drafter's call is learnt by its length already, as the target's batch is; on a CPU, where a batch
+    // change costs nothing extra, the parts add up, and the choice stays as the class grid measured it)
+    if (p_.kind != DRAFTER_MODEL || n_active != 1 || k[lone] <= 0 || (lone < (int32_t) free.size() && free[lone] > 0) ||
+        !cold_dear(bucket)) {
+        return ms;
+    }
+    return ms * whole_fix(lone, k[lone], bucket);
+}
+
 // One choice's view of the step: the depth bucket, who takes part, each stream's cap (a free draft's length
 // bounds it) and free drafts.
 struct controller::step_view {
@@ -735,10 +801,11 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
-        return predict_step(kk, active, pending, v.bucket, v.free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
+        return predict_priced(kk, active, pending, v.bucket, v.free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
     };
     std::vector<int32_t> best = k;
     double best_rate = expect / step_cost(k);
+    lone_rate_.assign(p_.n_max + 1, 0.0);
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
             continue;  // survival ties across positions: keep each stream's rows a prefix
@@ -746,6 +813,10 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         k[r.stream]++;
         expect += r.surv;
         const double rate = expect / step_cost(k);
+        if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate_.size()) {
+            // by the parts alone (a length whose neighbour measured dear may still be cheap), no switch cost
+            lone_rate_[k[r.stream]] = expect / predict_step(k, active, pending, v.bucket, v.free);
+        }
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
@@ -768,6 +839,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             // does not pay now: off, probed later (soon if it had been paying for a while; where a new prompt found
             // it off, when its schedule says)
             s.off = true;
+            s.explore_left = 0;
             if (resumed > 0) {
                 s.gap = resumed;
             } else {
@@ -791,8 +863,42 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         if (plain > 0.0 && cold > 0.5 * plain) {
             one_in = (uint32_t) std::min(4096.0, one_in * EXPLORE_DEAR * cold / plain);
         }
-        if (best[i] < std::min(v.cap[i], explore_cap) && (rng_() % one_in) == 0) {
-            best[i]++;
+        const int32_t top = std::min(v.cap[i], explore_cap);
+        if (s.explore_left > 0 && v.n_active == 1 && s.explore_k > best[i] && s.explore_k <= top) {
+            s.explore_left--;  // a try in progress: its run goes on until its whole step was measured
+            best[i] = s.explore_k;
+            continue;
+        }
+        s.explore_left = 0;
+        if (best[i] < top && (rng_() % one_in) == 0) {
+            if (v.n_active > 1 || p_.kind != DRAFTER_MODEL || !cold_dear(v.bucket)) {
+                best[i]++;
+                continue;
+            }
+            // a lone stream tries a longer draft in a run (where a batch's first runs are cold, as long as it takes to
+            // measure its whole step steady) one or two positions on - the nearer one not yet measured, else either:
+            // a cost curve need not be convex (the 7B pair on an H200: 3 dearer per token than 2, 4 cheaper)
+            // - where its rate is predicted close to the best one's (a try of a length predicted well below would
+            // rarely change the choice): else one step one position on, to learn how often that position lands
+            int32_t close[2], n_close = 0;
+            for (int32_t j = 1; j <= 2; ++j) {
+                const int32_t kk = best[i] + j;
+                if (kk <= top && kk < (int32_t) lone_rate_.size() &&
+                    lone_rate_[kk] >= EXPLORE_CLOSE * lone_rate_[best[i]]) {
+                    close[n_close++] = kk;
+                }
+            }
+            if (n_close == 0) {
+                best[i]++;
+                continue;
+            }
+            int32_t pick = close[rng_() % n_close];
+            for (int32_t j = n_close - 1; j >= 0; --j) {
+                pick = whole_at(close[j], v.bucket) == nullptr ? close[j] : pick;  // the nearer one not yet measured
+            }
+            s.explore_k = pick;
+            s.explore_left = EXPLORE_RUN - 1;
+            best[i] = s.explore_k;
         }
     }
 }
@@ -929,6 +1035,13 @@ std::vector<cost_point> controller::export_costs() const {
     draft_first_.export_points(COST_DRAFT_FIRST, out);
     draft_rest_.export_points(COST_DRAFT_REST, out);
     draft_call_.export_points(COST_DRAFT_CALL, out);
+    for (int32_t b = 0; b < cost_table::N_BUCKETS; ++b) {
+        for (int32_t k = 1; k < (int32_t) whole_[b].size(); ++k) {
+            if (whole_[b][k].count > 0) {
+                out.push_back({ COST_WHOLE, b, k, whole_[b][k].count, whole_[b][k].ms });
+            }
+        }
+    }
     if (overhead_seen_plain_) {
         out.push_back({ COST_OVERHEAD_PLAIN, 0, 0, 1, overhead_plain_ });
     }
@@ -953,6 +1066,12 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
             case COST_DRAFT_FIRST: draft_first_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
             case COST_DRAFT_REST: draft_rest_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
             case COST_DRAFT_CALL: draft_call_.import_point(c.bucket, c.n_tokens, c.count, c.ms); break;
+            case COST_WHOLE:
+                if (c.n_tokens >= 1 && c.n_tokens <= p_.n_max && c.bucket >= 0 && c.bucket < cost_table::N_BUCKETS) {
+                    // judged by as measured, yet counted as two steps: what this session measures soon outweighs it
+                    whole_[c.bucket][c.n_tokens] = { c.ms, std::min(c.count, 2), true };
+                }
+                break;
             case COST_OVERHEAD_PLAIN:
                 if (c.ms >= 0.0 && std::isfinite(c.ms)) {
                     overhead_plain_ = c.ms;
@@ -1102,6 +1221,19 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             draft_ms = o.t_draft_call_ms;
         }
     }
+    // a lone stream's whole step at its draft model's draft length: learnt in a steady run (the length of the two steps
+    // before) of drafts from the model, caught up as a run is
+    const int32_t k_now = t.timed && t.n_active == 1 ? t.k_top : -1;
+    const bool drafter_steady = p_.kind == DRAFTER_MODEL && t.n_drafting == 1 && t.n_model == 1 && t.behind <= 1;
+    if (k_now > 0 && drafter_steady && k_now == k_prev_[0] && k_now == k_prev_[1]) {
+        whole_cost & w = whole_[t.bucket][std::min(k_now, p_.n_max)];
+        // a mean over the last WHOLE_MEMORY steps or so; a stall (a page fault, another process) moves it by a bounded step
+        const double x = w.count >= 2 ? std::min(o.t_step_ms, w.ms * (1.0 + 4.0 * STALL_STEP)) : o.t_step_ms;
+        w.count = std::min(w.count + 1, WHOLE_MEMORY);
+        w.ms += (x - w.ms) / w.count;
+    }
+    k_prev_[1] = k_prev_[0];
+    k_prev_[0] = k_now;
     const double rest = std::max(0.0, o.t_step_ms - o.t_target_ms - draft_ms);
     if (!t.timed) {
         return;  // nothing to learn about overhead
@@ -1183,7 +1315,7 @@ bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i
         surv *= hazard_hopeful(s_[i], j, z);
         expect += surv;
         k[i] = j + 1;
-        if (expect / (predict_step(k, act, pend, t.bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base) {
+        if (expect / (predict_priced(k, act, pend, t.bucket, free_i) + switch_ms) > PROBE_PAYS_MARGIN * base) {
             return true;
         }
     }

@@ -8,7 +8,10 @@
 //   - a draft model's first decode of a step (by tokens in it: catch-up included) and each further decode (by
 //     streams still drafting);
 //   - an upstream drafter's call (EAGLE3/MTP per token, DFlash/DSpark per block, n-gram lookup);
-//   - the per-step overhead that is neither (rollback, bookkeeping), as the remainder of wall time.
+//   - the per-step overhead that is neither (rollback, bookkeeping), as the remainder of wall time;
+//   - a lone stream's whole step by its draft model's draft length, from steady runs: where a batch change is dear (a
+//     GPU's) the decodes do not add up, and the parts' sum (at a length measured, or the nearest one) is scaled to it;
+//     a try of a longer draft runs long enough there to measure it, one or two positions on.
 // Acceptance is a per-stream hazard model: h_i = P(position i accepted | positions before it were), from
 // decayed counts with a prior pooled over streams and positions. A step's allocation is the prefix of
 // (stream, position) rows, taken in order of survival probability, that maximises
@@ -45,6 +48,7 @@ enum cost_table_id : int32_t {
     COST_OVERHEAD_PLAIN = 4,  // n_tokens 0
     COST_OVERHEAD_SPEC = 5,   // n_tokens 0
     COST_COLD = 6,            // n_tokens 0
+    COST_WHOLE = 7,           // a lone stream's whole step, by its draft length (n_tokens = k)
 };
 struct cost_point {
     int32_t table = 0;
@@ -213,6 +217,8 @@ private:
         int32_t resume_gap = 0;    // a new prompt found the stream off: the steps left of its probe interval
         int32_t steps = 0;
         int32_t k_on = 0;          // the length it drafted at when it last drafted by choice (not a probe)
+        int32_t explore_k = 0;     // a try of a longer draft: its length, and the steps of the run left
+        int32_t explore_left = 0;
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
         std::vector<double> led_real, led_plain, led_tok;
         int32_t led_pos = 0;
@@ -248,6 +254,13 @@ private:
                         const std::vector<int32_t> & pending, int32_t bucket,
                         const std::vector<int32_t> & free = {}) const;
     double plain_step_ms(int32_t n_active, int32_t bucket) const;
+    // predict_step, and where one stream alone drafts from its drafter, corrected by what that length's whole step
+    // measured against the parts' sum (whole_fix)
+    double predict_priced(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
+                          const std::vector<int32_t> & pending, int32_t bucket, const std::vector<int32_t> & free) const;
+    // a lone stream's draft of k: its whole step as measured in steady runs over the parts' sum predicted for it now
+    // (at k's nearest measured length where k itself was not measured; 1 where none was)
+    double whole_fix(int32_t stream, int32_t k, int32_t bucket) const;
     void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
     // the probe interval at which probes cost PROBE_BUDGET of plain decoding (a GPU's cold batches included)
@@ -270,6 +283,18 @@ private:
     cost_table draft_first_;  // draft model: first decode of a step, by tokens in it (catch-up + one per stream)
     cost_table draft_rest_;   // draft model: each further decode, by streams still drafting
     cost_table draft_call_;   // upstream drafter call, by streams drafting (bucket 0)
+    // a lone stream's whole step by its draft length (n_tokens = k), learnt from steady runs only: what the sum of the
+    // parts misses - a GPU's kernels are not linear in the batch size, nor a draft model's decodes in their count
+    // (the 7B pair on an H200: its second decode of a step costs 1.7 ms, its third and fourth 1.2 together)
+    struct whole_cost {
+        double ms = 0.0;
+        int32_t count = 0;
+        bool imported = false;  // from another session: judged by at once, outweighed as this one measures
+    };
+    std::vector<whole_cost> whole_[cost_table::N_BUCKETS];  // by k (0 unused)
+    const whole_cost * whole_at(int32_t k, int32_t bucket) const;  // nullptr: not measured often enough to judge by
+    mutable std::vector<double> lone_rate_;  // the last choice's tokens per ms by draft length, where one stream was in it
+    int32_t k_prev_[2] = { -1, -1 };  // a lone stream's draft length in the last two steps (-1: none, or not alone)
     double overhead_spec_ = 0.0, overhead_plain_ = 0.0;
     bool overhead_seen_spec_ = false, overhead_seen_plain_ = false;
     // a target batch of a size that did not run in the two steps before costs more than in a steady run (on a

@@ -11,7 +11,8 @@ namespace pls {
 static_assert((int) PLS_COST_TARGET == (int) COST_TARGET && (int) PLS_COST_DRAFT_FIRST == (int) COST_DRAFT_FIRST &&
               (int) PLS_COST_DRAFT_REST == (int) COST_DRAFT_REST && (int) PLS_COST_DRAFT_CALL == (int) COST_DRAFT_CALL &&
               (int) PLS_COST_OVERHEAD_PLAIN == (int) COST_OVERHEAD_PLAIN &&
-              (int) PLS_COST_OVERHEAD_SPEC == (int) COST_OVERHEAD_SPEC && (int) PLS_COST_COLD == (int) COST_COLD,
+              (int) PLS_COST_OVERHEAD_SPEC == (int) COST_OVERHEAD_SPEC && (int) PLS_COST_COLD == (int) COST_COLD &&
+              (int) PLS_COST_WHOLE == (int) COST_WHOLE,
               "cost table ids of the header and the controller must agree");
 
 int32_t export_costs(const controller & c, pls_cost_point * out, int32_t capacity) {
@@ -35,7 +36,7 @@ void import_costs(controller & c, const pls_cost_point * in, int32_t n) {
         const pls_cost_point & p = in[i];
         const bool overhead = p.table == PLS_COST_OVERHEAD_PLAIN || p.table == PLS_COST_OVERHEAD_SPEC ||
                               p.table == PLS_COST_COLD;
-        const bool ok = p.table >= PLS_COST_TARGET && p.table <= PLS_COST_COLD && p.bucket >= 0 &&
+        const bool ok = p.table >= PLS_COST_TARGET && p.table <= PLS_COST_WHOLE && p.bucket >= 0 &&
                         p.bucket < cost_table::N_BUCKETS && p.count >= 1 && std::isfinite(p.ms) && p.ms >= 0.0 &&
                         (overhead ? p.n_tokens == 0 : (p.n_tokens >= 1 && p.n_tokens <= cost_table::MAX_T));
         if (!ok) {

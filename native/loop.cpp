@@ -580,24 +580,52 @@ void require_numbers(const float * logits, int32_t n_vocab) {
     }
 }
 
-// index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick):
-// a vectorizable pass for the maximum (and any NaN), then the first position holding it - which exists, since
-// without NaNs the maximum is one of the values
+// index of the largest logit, the first one on a tie (as llama.cpp's greedy and temperature-0 samplers pick), in one
+// pass of independent lanes - each keeps its maximum, where it rose and whether it saw a NaN - so that no chain of
+// dependent comparisons bounds it (one running maximum over a 152k vocabulary took about 0.3 ms of every verified
+// row on an H200's host, a tenth of the 7B's plain step; the lanes compile to vector code)
 llama_token argmax(const float * logits, int32_t n_vocab) {
-    float best = logits[0];
-    uint32_t nan = 0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        best = std::max(best, logits[i]);
-        nan |= is_nan_bits(logits[i]);
-    }
-    if (nan) {
-        fail_nan_logits();
+    constexpr int32_t L = 8;
+    float m[L];
+    int32_t at[L];
+    uint32_t nan[L];
+    for (int32_t j = 0; j < L; ++j) {
+        m[j] = -INFINITY;
+        at[j] = 0;
+        nan[j] = 0;
     }
     int32_t i = 0;
-    while (logits[i] != best) {
-        ++i;
+    for (; i + L <= n_vocab; i += L) {
+        for (int32_t j = 0; j < L; ++j) {
+            const float x = logits[i + j];
+            nan[j] |= is_nan_bits(x);
+            const bool up = x > m[j];  // strictly: a lane keeps the first position of its maximum
+            m[j] = up ? x : m[j];
+            at[j] = up ? i : at[j];
+        }
     }
-    return i;
+    float best = -INFINITY;
+    int32_t best_i = 0;  // every logit -inf (all masked): the first position
+    uint32_t any_nan = 0;
+    for (int32_t j = 0; j < L; ++j) {
+        any_nan |= nan[j];
+        const int32_t idx = at[j] + j;
+        if (m[j] > best || (m[j] == best && m[j] != -INFINITY && idx < best_i)) {
+            best = m[j];
+            best_i = idx;
+        }
+    }
+    for (; i < n_vocab; ++i) {  // the tail, after every lane's positions
+        any_nan |= is_nan_bits(logits[i]);
+        if (logits[i] > best) {
+            best = logits[i];
+            best_i = i;
+        }
+    }
+    if (any_nan) {
+        fail_nan_logits();
+    }
+    return best_i;
 }
 
 // The target's verdict on one stream's draft: the committed tokens (accepted drafts + the target's own).

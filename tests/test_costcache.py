@@ -114,7 +114,7 @@ def test_bad_cost_points_are_refused_whole(pair):
     target, drafter = pair
     with SpecSession(target, drafter, SessionConfig(n_max=4, n_ctx=512, cost_cache=False)) as s:
         for bad in [[(0, 0, 1, 2)], [(0, 0, 1, 2, "x")], [(0, 0, 1, 2, 1.0), (0, 0, 1, 2, float("inf"))],
-                    [(7, 0, 1, 2, 1.0)], [(0, 0, 5000, 2, 1.0)], 42, [(0, 0, 1, 2, 1.0)] * 5000]:
+                    [(C["PLS_COST_WHOLE"] + 1, 0, 1, 2, 1.0)], [(0, 0, 5000, 2, 1.0)], 42, [(0, 0, 1, 2, 1.0)] * 5000]:
             with pytest.raises(ConfigError, match="cost point"):
                 s.seed_costs(bad)
         assert s.learnt_costs() == []

@@ -32,7 +32,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/m
 SITE=/tmp/site
-PKG=/tmp/pls
+PKG=${PKG:-/tmp/pls}  # another package folder (a build of another tree) for an A/B of two builds in one call
 export PYTHONPATH=$PKG:$SITE
 
 phase_setup() { phase_build && phase_synth05 && phase_synth7; }
@@ -104,7 +104,7 @@ phase_g35cpu() {
     phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
 }
 phase_g7() {
-    phase_synth05 && phase_synth7 && grid h200-7b-d0 /tmp/m/t7b.gguf /tmp/m/d05.gguf \
+    phase_synth05 && phase_synth7 && grid "h200-7b-d0${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf \
         "${ARMS:-plain,n2,n4,n8,adaptive,sweep,upstream-n4,upstream-plain}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"
 }
 phase_g7deep() {

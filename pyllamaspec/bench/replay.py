@@ -49,6 +49,7 @@ class CostModel:
     call_behind: list = field(default_factory=list)  # (tokens caught up, ms beyond the call's steady cost): after plain steps
     draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
+    draft_rest_by: dict = field(default_factory=dict) # draft model: further decodes of a step -> [ms of them all]
     rest: list = field(default_factory=list)          # step time beyond target and drafter -> [ms]
 
     @classmethod
@@ -95,6 +96,7 @@ class CostModel:
                         m.draft_first.append((s["catchup"], s["t_draft_first"]))
                         if s["draft_iters"]:
                             m.draft_rest.extend([s["t_draft_rest"] / s["draft_iters"]] * s["draft_iters"])
+                            m.draft_rest_by.setdefault(s["draft_iters"], []).append(s["t_draft_rest"])
                     drafter = s["t_draft_first"] + s["t_draft_rest"] + s["t_draft_call"]
                     m.rest.append(max(0.0, s["t_step"] - s["t_target"] - drafter))
         if not m.target:
@@ -150,7 +152,13 @@ class CostModel:
             if not self.draft_first:
                 return 0.0, 0.0, 0, 0.0
             near = [ms for c, ms in self.draft_first if abs(c - catchup) <= max(2, catchup // 4)] or [ms for _, ms in self.draft_first]
-            rest = sum(rng.choice(self.draft_rest) for _ in range(k - 1)) if self.draft_rest else 0.0
+            # a step's further decodes as steps of as many cost on that machine (a GPU's do not add up linearly:
+            # the 7B pair's third and fourth decode cost less than its second), else as that many of any step's
+            by = self.draft_rest_by.get(k - 1, [])
+            if len(by) >= 8:
+                rest = rng.choice(by)
+            else:
+                rest = sum(rng.choice(self.draft_rest) for _ in range(k - 1)) if self.draft_rest else 0.0
             return rng.choice(near), rest, k - 1, 0.0
         # a block drafter's block is as long as the draft (patch 0007); an autoregressive one drafts k tokens
         key = k
