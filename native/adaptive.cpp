@@ -643,8 +643,11 @@ const controller::whole_cost * controller::whole_at(int32_t k, int32_t bucket) c
 
 double controller::predict_priced(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
                                   const std::vector<int32_t> & pending, int32_t bucket,
-                                  const std::vector<int32_t> & free) const {
+                                  const std::vector<int32_t> & free, double * parts) const {
     const double ms = predict_step(k, active, pending, bucket, free);
+    if (parts != nullptr) {
+        *parts = ms;
+    }
     int32_t lone = -1, n_active = 0;
     for (size_t i = 0; i < k.size() && i < active.size(); ++i) {
         if (active[i]) {
@@ -775,7 +778,7 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
 
 std::vector<int32_t> controller::best_lengths(const step_view & v, const std::vector<int32_t> & active,
                                               const std::vector<int32_t> & pending, std::vector<int32_t> k,
-                                              double expect, int32_t explore_cap) const {
+                                              double expect, int32_t explore_cap, std::vector<double> & lone_rate) const {
     // candidate rows of the streams that are on - and of those off whose step has a free draft (off means their
     // drafter does not pay; a free draft costs only its verify rows, and its own acceptance judges it) - best
     // survival first
@@ -796,16 +799,18 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
     // where that is dear, a step that changes the size pays it, so a draft length is left only for one that gains more
     const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
+    double parts = 0.0;  // the last step_cost's figure by the parts alone
     auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
-        return predict_priced(kk, active, pending, v.bucket, v.free) + (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
+        return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
+               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
     };
     std::vector<int32_t> best = k;
     double best_rate = expect / step_cost(k);
-    lone_rate_.assign(p_.n_max + 1, 0.0);
+    lone_rate.assign(p_.n_max + 1, 0.0);
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
             continue;  // survival ties across positions: keep each stream's rows a prefix
@@ -813,9 +818,8 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         k[r.stream]++;
         expect += r.surv;
         const double rate = expect / step_cost(k);
-        if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate_.size()) {
-            // by the parts alone (a length whose neighbour measured dear may still be cheap), no switch cost
-            lone_rate_[k[r.stream]] = expect / predict_step(k, active, pending, v.bucket, v.free);
+        if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate.size()) {
+            lone_rate[k[r.stream]] = expect / parts;  // (a length whose neighbour measured dear may still be cheap)
         }
         if (rate > best_rate) {
             best_rate = rate;
@@ -826,7 +830,7 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
 }
 
 void controller::follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
-                               int32_t explore_cap) {
+                               int32_t explore_cap, const std::vector<double> & lone_rate) {
     const double cold = SWITCH_WEIGHT * cold_ms();
     for (int32_t i = 0; i < v.n; ++i) {
         stream_state & s = s_[i];
@@ -883,8 +887,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             int32_t close[2], n_close = 0;
             for (int32_t j = 1; j <= 2; ++j) {
                 const int32_t kk = best[i] + j;
-                if (kk <= top && kk < (int32_t) lone_rate_.size() &&
-                    lone_rate_[kk] >= EXPLORE_CLOSE * lone_rate_[best[i]]) {
+                if (kk <= top && kk < (int32_t) lone_rate.size() && lone_rate[kk] >= EXPLORE_CLOSE * lone_rate[best[i]]) {
                     close[n_close++] = kk;
                 }
             }
@@ -928,8 +931,9 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     const int32_t cap = explore_cap(v);
     std::vector<int32_t> k(v.n, 0);
     const double expect = plan_probes(v, active, k);
-    std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap);
-    follow_choice(v, active, best, cap);
+    std::vector<double> lone_rate;
+    std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap, lone_rate);
+    follow_choice(v, active, best, cap, lone_rate);
     since_plain_++;
     k_out = best;
     last_k_ = k_out;
@@ -1037,8 +1041,8 @@ std::vector<cost_point> controller::export_costs() const {
     draft_call_.export_points(COST_DRAFT_CALL, out);
     for (int32_t b = 0; b < cost_table::N_BUCKETS; ++b) {
         for (int32_t k = 1; k < (int32_t) whole_[b].size(); ++k) {
-            if (whole_[b][k].count > 0) {
-                out.push_back({ COST_WHOLE, b, k, whole_[b][k].count, whole_[b][k].ms });
+            if (const whole_cost * w = whole_at(k, b)) {  // a length measured too few times to judge by stays here
+                out.push_back({ COST_WHOLE, b, k, w->count, w->ms });
             }
         }
     }

@@ -241,11 +241,13 @@ private:
     bool calibrating(const step_view & v, const std::vector<int32_t> & active);
     int32_t explore_cap(const step_view & v);
     double plan_probes(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & k);
+    // lone_rate: where one stream is in the step, its tokens per ms by draft length as the parts price them (0: not
+    // a candidate) - what a try of a longer draft is judged by
     std::vector<int32_t> best_lengths(const step_view & v, const std::vector<int32_t> & active,
                                       const std::vector<int32_t> & pending, std::vector<int32_t> k, double expect,
-                                      int32_t explore_cap) const;
+                                      int32_t explore_cap, std::vector<double> & lone_rate) const;
     void follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
-                       int32_t explore_cap);
+                       int32_t explore_cap, const std::vector<double> & lone_rate);
 
     double hazard(const stream_state & s, int32_t i) const;
     double hazard_hopeful(const stream_state & s, int32_t i, double z) const;
@@ -255,9 +257,10 @@ private:
                         const std::vector<int32_t> & free = {}) const;
     double plain_step_ms(int32_t n_active, int32_t bucket) const;
     // predict_step, and where one stream alone drafts from its drafter, corrected by what that length's whole step
-    // measured against the parts' sum (whole_fix)
+    // measured against the parts' sum (whole_fix); parts: predict_step's own figure
     double predict_priced(const std::vector<int32_t> & k, const std::vector<int32_t> & active,
-                          const std::vector<int32_t> & pending, int32_t bucket, const std::vector<int32_t> & free) const;
+                          const std::vector<int32_t> & pending, int32_t bucket, const std::vector<int32_t> & free,
+                          double * parts = nullptr) const;
     // a lone stream's draft of k: its whole step as measured in steady runs over the parts' sum predicted for it now
     // (at k's nearest measured length where k itself was not measured; 1 where none was)
     double whole_fix(int32_t stream, int32_t k, int32_t bucket) const;
@@ -293,7 +296,6 @@ private:
     };
     std::vector<whole_cost> whole_[cost_table::N_BUCKETS];  // by k (0 unused)
     const whole_cost * whole_at(int32_t k, int32_t bucket) const;  // nullptr: not measured often enough to judge by
-    mutable std::vector<double> lone_rate_;  // the last choice's tokens per ms by draft length, where one stream was in it
     int32_t k_prev_[2] = { -1, -1 };  // a lone stream's draft length in the last two steps (-1: none, or not alone)
     double overhead_spec_ = 0.0, overhead_plain_ = 0.0;
     bool overhead_seen_spec_ = false, overhead_seen_plain_ = false;

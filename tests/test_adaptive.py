@@ -407,6 +407,27 @@ def test_exported_costs_round_trip_and_bad_points_are_refused():
     assert export_costs(fresh) == []  # a refused import imports nothing
 
 
+def test_whole_step_costs_are_kept_between_sessions_once_measured_enough_to_judge_by():
+    # a simulated GPU whose draft model's decodes do not add up: the lengths its tries ran long enough go to the cache
+    # (table PLS_COST_WHOLE, one point per length), each counted as two steps when imported - a length run once or
+    # twice (a try cut short) does not, as the session that measured it does not judge by it either
+    c = _native.constants()
+    gpu = Machine(base=3.3, per_token=0.45, draft_first=1.94, draft_token=1.66, catchup_token=0.06, overhead=0.3)
+    sim = Sim(gpu, seed=2, rest_ms=[1.66, 1.58, 0.77, 1.2, 1.2], **GPU_GRAPHS)
+    generations(sim, 9, 128, 0.9)
+    whole = [p for p in export_costs(sim) if p[0] == c["PLS_COST_WHOLE"]]
+    assert len({p[2] for p in whole}) >= 3 and all(p[3] >= 6 for p in whole), whole
+    # each length's mean step is what the machine charges for it, the draft model's decodes as they are
+    for _, _, k, _, ms in whole:
+        rows = [min(i, 5) - 1 for i in range(1, k)]
+        parts = gpu.target(k + 1, 256) + gpu.draft_first + sum(sim.rest_ms[r] for r in rows) + gpu.overhead
+        assert ms == pytest.approx(parts, rel=0.05), (k, ms, parts)
+    seeded = Sim(gpu, seed=3, **GPU_GRAPHS)
+    assert import_costs(seeded, export_costs(sim))[0] == 0
+    again = [p for p in export_costs(seeded) if p[0] == c["PLS_COST_WHOLE"]]
+    assert [(b, k, 2, ms) for _, b, k, _, ms in whole] == [(b, k, n, ms) for _, b, k, n, ms in again]
+
+
 def test_free_drafts_are_taken_while_the_drafter_is_off():
     # n-gram matches beside a draft model: the drafter's own drafts rarely land (it is turned off), the matches -
     # there every other step, 4 tokens long - almost always do, and cost only their verify rows

@@ -514,7 +514,8 @@ enum {
     PLS_COST_OVERHEAD_PLAIN = 4,    /* per plain step beyond the target batch (n_tokens 0, bucket 0) */
     PLS_COST_OVERHEAD_SPEC = 5,     /* per speculative step beyond drafting and the target batch */
     PLS_COST_COLD = 6,              /* a target batch run cold, beyond its steady cost (n_tokens 0, bucket 0) */
-    PLS_COST_WHOLE = 7,             /* a lone stream's whole step, by its draft length (n_tokens: the length) */
+    PLS_COST_WHOLE = 7,             /* a lone stream's whole step, by its draft length (n_tokens: the length; a
+                                     * length above the importing session's n_max is not used) */
     PLS_COST_MAX_POINTS = 4096
 };
 typedef struct pls_cost_point {
