@@ -12,7 +12,9 @@ Arms: plain; nK (fixed draft length K); adaptiveK (the controller, ceiling K; ad
 drafting: a speculative session's plain step, with its snapshot ring and drafter); sweep (every length
 0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay); gapG
 (G plain steps, then one draft at the sweep ceiling, round and round: a feature-reading drafter's catch-up after G
-plain steps; G < 64);
+plain steps; G < 64); any of these with -host (plain-host, n4-host, adaptive-host): every row sampled on the host from
+its logits, where the default samples greedy rows on a GPU that holds the target's output layer; and with -ringN
+(plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none);
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -26,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -53,6 +56,9 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
     return body
 
 
+HOST = "-host"  # arm suffix: sampling on the host
+
+
 def sweep_schedule(n_max: int) -> list[int]:
     """Every draft length 0..n_max three steps in a row: each batch size once cold, then steady."""
     return [k for k in range(n_max + 1) for _ in range(3)]
@@ -60,6 +66,15 @@ def sweep_schedule(n_max: int) -> list[int]:
 
 def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
                trace_steps: int, catchup_rows: int = 0) -> SessionConfig | None:
+    if arm.endswith(HOST):
+        # the same arm with every row sampled on the host from its logits (no backend sampling)
+        cfg = arm_config(arm[:-len(HOST)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        return None if cfg is None else dataclasses.replace(cfg, backend_sampling=False)
+    ring = re.fullmatch(r"(.+)-ring(\d+)", arm)
+    if ring:
+        # the same arm with a snapshot ring of N states per sequence (a hybrid target; 0: none, rollback by checkpoint)
+        cfg = arm_config(ring.group(1), n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        return None if cfg is None else dataclasses.replace(cfg, n_rs_seq=int(ring.group(2)))
     types = [spec_type] if spec_type else None  # None: detected from the drafter GGUF
     common = dict(n_ctx=n_ctx, n_batch=max(2048, ubatch), n_ubatch=ubatch, trace_steps=trace_steps)
     if catchup_rows and arm != "plain":
@@ -163,7 +178,8 @@ def main(argv=None) -> int:
                 cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps,
                                  args.catchup_rows)
                 if cfg is not None:
-                    sessions[arm] = SpecSession(target, None if arm == "plain" else drafter, cfg)
+                    no_drafter = cfg.spec_types is not None and len(cfg.spec_types) == 0  # plain
+                    sessions[arm] = SpecSession(target, None if no_drafter else drafter, cfg)
             runs = {arm: [] for arm in arms}
             arm_steps = {arm: [] for arm in sessions}
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded

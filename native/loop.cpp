@@ -6,6 +6,8 @@
 // tokens each stream drafts in a step is the controller's choice (adaptive.h), made from measured costs.
 #include "loop.h"
 
+#include "device_greedy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -283,6 +285,10 @@ void start_stream(pls_session & s, stream_state & st, const int32_t * prompt, in
     apply_sampling(shape, (int32_t) llama_n_ctx_seq(s.ctx_tgt.get()), sampling);
     st.n_probs = shape.n_probs;
     st.greedy = s.greedy && sampling.temp <= 0.0f && !shape.shapes_choice();
+    if (s.tgt_device_greedy) {
+        // raw logits are read on the host where log-probabilities are asked for (margins keep it off altogether)
+        device_greedy_set(s, st, st.greedy && st.n_probs < 0);
+    }
     st.synth_key = s.synth_probs.empty() ? 0 : synth_key_of(s.sp.synth_seed, seq, prompt, n_prompt);
     st.smpl.reset(common_sampler_init(s.target->model, sampling));
     if (shape.penalties()) {
@@ -556,13 +562,6 @@ void draft_phase(pls_session & s, int32_t n_ctx_seq, step_timing & tm) {
     prepare_verify(s);
 }
 
-// NaN logits (broken weights, a quantization that overflowed) make every choice arbitrary and every margin
-// meaningless: the generation stops with an error instead of producing text nobody can trust
-[[noreturn]] void fail_nan_logits() {
-    fail(PLS_ERR_DECODE, "the target produced NaN logits: its weights (or their quantization) are broken, so "
-                         "nothing it generates can be trusted");
-}
-
 // 1 when x is a NaN: all-ones exponent and a mantissa; an integer test the compiler vectorizes
 inline uint32_t is_nan_bits(const float & x) {
     uint32_t bits;
@@ -649,12 +648,17 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
                 a++;
             }
         }
-        require_numbers(llama_get_logits_ith(ctx, idxs[a]), s.n_vocab);
         llama_tokens ids(st.draft.begin(), st.draft.begin() + a);
         for (llama_token t : ids) {
             common_sampler_accept(smpl, t, true);
         }
-        const llama_token id = common_sampler_sample(smpl, ctx, idxs[a], false);
+        llama_token id;
+        if (st.device_greedy) {
+            id = device_greedy_token(s, idxs[a]);
+        } else {
+            require_numbers(llama_get_logits_ith(ctx, idxs[a]), s.n_vocab);
+            id = common_sampler_sample(smpl, ctx, idxs[a], false);
+        }
         common_sampler_accept(smpl, id, true);
         ids.push_back(id);
         return ids;
@@ -667,11 +671,16 @@ llama_tokens sample_stream(pls_session & s, stream_state & st) {
         llama_tokens ids;
         const size_t n_check = refuse ? 0 : n_draft;
         for (size_t i = 0; i <= n_check; ++i) {
-            float * logits = llama_get_logits_ith(ctx, idxs[i]);
-            for (llama_token t : s.eog_tokens) {
-                logits[t] = -INFINITY;  // ignore_eos: what the sampler's logit bias would do
+            llama_token id;
+            if (st.device_greedy) {
+                id = device_greedy_token(s, idxs[i]);  // masked and chosen on the device
+            } else {
+                float * logits = llama_get_logits_ith(ctx, idxs[i]);
+                for (llama_token t : s.eog_tokens) {
+                    logits[t] = -INFINITY;  // ignore_eos: what the sampler's logit bias would do
+                }
+                id = argmax(logits, s.n_vocab);
             }
-            const llama_token id = argmax(logits, s.n_vocab);
             common_sampler_accept(smpl, id, true);
             ids.push_back(id);
             if (i == n_check || id != st.draft[i]) {
@@ -1267,6 +1276,7 @@ void score_margins(pls_session & s, const int32_t * prompt, int32_t n_prompt, co
     begin(s, prompt, &n_prompt, 1, 0);
     stream_state & st = s.streams[0];
     st.n_predict = 0;
+    device_greedy_set(s, st, false);  // every row's logits come back to the host
     llama_tokens seq(1, st.id_last);
     seq.insert(seq.end(), cont, cont + n_cont - 1);
     common_batch & batch = s.batch;

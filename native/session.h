@@ -79,6 +79,7 @@ struct stream_state {
     int32_t finish = PLS_FINISH_NONE;
     bool greedy = false;       // verify by argmax (temperature 0, nothing else in the sampler chain)
     int32_t n_probs = -1;      // log-probabilities of committed tokens: -1 none, else with this many alternatives
+    bool device_greedy = false; // greedy rows sampled on the device (device_greedy.h): no raw logits come back
     uint64_t synth_key = 0;    // synthetic acceptance: the seed and this prompt (a drafted token's draw is by position)
     common_sampler_ptr smpl;
     draft_stream dft;
@@ -122,6 +123,8 @@ struct pls_session {
     int32_t n_vocab_dft = 0;               // the draft model's vocabulary (may be smaller than the target's)
     bool greedy = false;                   // temperature 0 and nothing else to apply: verify by argmax
     std::vector<llama_token> eog_tokens;   // masked before every argmax (ignore_eos); empty otherwise
+    bool tgt_device_greedy = false;        // greedy streams sample on the target's output device (backend_sampling)
+    std::vector<llama_sampler *> tgt_chains;  // per sequence: its attached device argmax, nullptr when on the host
     std::string draft_device = "none";
     int32_t drafter_kind = pls::DRAFTER_NONE;
     bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself

@@ -2,6 +2,8 @@
 // set up; and a session's teardown.
 #include "session_open.h"
 
+#include "device_greedy.h"
+
 #include "llama-ext.h"
 #include "llama-model.h"  // whether a drafter has its own LM head
 
@@ -386,6 +388,39 @@ void setup_own_draft_model(pls_session & s) {
     }
 }
 
+// greedy rows sampled on the target's output device (device_greedy.h): by default where that device is not the
+// CPU (there the host's argmax reads logits already in memory); the sequences attach as they start
+void setup_device_greedy(pls_session & s) {
+    const int32_t want = s.sp.backend_sampling;
+    if (want == 0) {
+        return;
+    }
+    const char * why_not = !s.greedy ? "this session does not sample greedily (a temperature above 0, a grammar, "
+                                       "penalties, logit biases or tokens the model suppresses)"
+                         : s.sp.collect_margins ? "margins=True reads every row's logits on the host"
+                                                : nullptr;
+    if (why_not != nullptr) {
+        if (want == 1) {
+            fail(PLS_ERR_INVALID, std::string("backend_sampling=1 samples greedy rows on the device, but ") + why_not +
+                                  "; leave backend_sampling unset");
+        }
+        return;
+    }
+    if (want < 0) {
+        ggml_backend_dev_t dev = llama_model_dev_output(s.target->model);
+        if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            return;
+        }
+    }
+    s.tgt_device_greedy = true;
+    s.tgt_chains.assign(s.sp.n_parallel, nullptr);
+    // sequence 0 now: the device's support for every op is known before the first generation
+    if (!device_greedy_attach(s, 0) && want == 1) {
+        fail(PLS_ERR_INVALID, "backend_sampling=1, but the target's output device cannot run an argmax and a sum; "
+                              "leave backend_sampling unset");
+    }
+}
+
 }  // namespace
 
 void setup_drafting(pls_session & s) {
@@ -401,6 +436,7 @@ void setup_drafting(pls_session & s) {
             }
         }
     }
+    setup_device_greedy(s);
     set_drafter_kind(s);
     set_catchup_rows(s);
     setup_synthetic_acceptance(s);
@@ -443,6 +479,9 @@ pls_session::~pls_session() {
                 llama_set_sampler(ctx_dft.get(), (llama_seq_id) q, nullptr);
             }
         }
+    }
+    if (ctx_tgt) {
+        pls::device_greedy_release(*this);
     }
     ctx_dft.reset();
     ctx_tgt.reset();

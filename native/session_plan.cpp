@@ -156,6 +156,7 @@ void validate_params(const pls_session_params & p) {
     range("n_threads_draft", p.n_threads_draft, 0, 4096);
     range("n_rs_seq", p.n_rs_seq, -1, PLS_MAX_DRAFT);
     range("flash_attn", p.flash_attn, -1, 1);
+    range("backend_sampling", p.backend_sampling, -1, 1);
     range("top_k", p.top_k, 0, 1 << 24);
     for (int32_t t : { p.type_k, p.type_v, p.type_k_draft, p.type_v_draft }) {
         const bool ok = t == -1 || t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_Q8_0 ||

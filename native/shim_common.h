@@ -34,6 +34,13 @@ struct status_error : std::runtime_error {
 };
 [[noreturn]] inline void fail(int32_t code, const std::string & msg) { throw status_error(code, msg); }
 
+// NaN logits (broken weights, a quantization that overflowed) make every choice arbitrary and every margin
+// meaningless: the generation stops with an error instead of producing text nobody can trust
+[[noreturn]] inline void fail_nan_logits() {
+    fail(PLS_ERR_DECODE, "the target produced NaN logits: its weights (or their quantization) are broken, so "
+                         "nothing it generates can be trusted");
+}
+
 // one-time backend init and log routing; safe to call from every entry point
 void ensure_init();
 

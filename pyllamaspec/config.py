@@ -422,6 +422,10 @@ class SessionConfig:
     flash_attn: bool | None = None  # None: auto
     n_rs_seq: int | None = None     # recurrent snapshot ring; None: sized from the effective n_max
     draft_backend_sampling: bool = True
+    # greedy rows of the target sampled on the device holding its output layer (llama.cpp's --backend-sampling): a
+    # row's token comes back instead of its logits. None: where that device is a GPU; True: wherever the session
+    # samples greedily (an error otherwise); False: on the host. Log-probabilities and margins read logits either way
+    backend_sampling: bool | None = None
     temp: float = 0.0               # <= 0: greedy
     top_k: int = 40
     top_p: float = 0.95
@@ -489,6 +493,10 @@ class SessionConfig:
             _check_int(owner, "n_rs_seq", self.n_rs_seq, 0, MAX_DRAFT)
         for name in ("draft_backend_sampling", "margins", "force_reject", "ignore_eos"):
             _check_bool(owner, name, getattr(self, name))
+        _check_bool(owner, "backend_sampling", self.backend_sampling, optional=True)
+        if self.backend_sampling and self.margins:
+            raise ParamError("backend_sampling", "margins=True reads every row's logits on the host: leave "
+                                                 "backend_sampling unset (or False) to collect margins")
         check_sequence_value("temp", self.temp, owner)
         # any int32 here; opening a session refuses what is outside 0..TOP_K_MAX
         _check_int(owner, "top_k", self.top_k)
@@ -501,6 +509,17 @@ class SessionConfig:
             setattr(self, name, check_sampling_shape(name, getattr(self, name), owner))
         if self.grammar is not None and self.json_schema is not None:
             raise ParamError("grammar", "give a grammar or a JSON schema, not both")
+        if self.backend_sampling:
+            shaped = [n for n in SAMPLING_SHAPES if getattr(self, n) not in (None, {}, "")]
+            shaped += [f"{n}={getattr(self, n)}" for n, off in (("repeat_penalty", 1.0), ("frequency_penalty", 0.0),
+                                                                 ("presence_penalty", 0.0)) if getattr(self, n) != off]
+            if self.temp > 0:
+                shaped.insert(0, f"temp={self.temp}")
+            if shaped:
+                raise ParamError("backend_sampling", f"backend_sampling=True samples greedy rows on the device, but "
+                                                     f"{', '.join(shaped)} makes this session's rows other than greedy; "
+                                                     f"leave backend_sampling unset (a sequence that asks for them "
+                                                     f"samples on the host)")
         # the n-gram sizes and hit count are 16-bit in upstream's settings
         for name in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"):
             _check_int(owner, name, getattr(self, name), 0, UINT16_MAX, hint=" (0: upstream's default)")

@@ -80,6 +80,7 @@ def setup_of(session) -> dict:
         "cache_types": [cfg.cache_type_k, cfg.cache_type_v, cfg.cache_type_k_draft, cfg.cache_type_v_draft],
         "flash_attn": cfg.flash_attn,
         "draft_backend_sampling": cfg.draft_backend_sampling,
+        "backend_sampling": info.backend_sampling,
         "placement": [list(info.target_layers), info.target_head_device, info.draft_device],
         "build": [build.get("version"), build.get("upstream", {}).get("commit"), build.get("backends"),
                   build.get("upstream", {}).get("patches")],

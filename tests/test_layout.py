@@ -237,6 +237,7 @@ NATIVE_UNITS = [
     "session_plan",                                   # a session's parameters and contexts, before any model
     "memory",                                         # the memory estimate
     "session",                                        # a session's state
+    "device_greedy",                                  # greedy rows sampled on the target's output device
     "session_open", "loop", "slots",                  # open, the speculative loop, slot choice
     "drafter",                                        # the draft model driven by the loop
     "api_guard",                                      # what the C API files share

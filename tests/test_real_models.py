@@ -82,13 +82,16 @@ def test_generate_cli_json_on_the_default_pair(real_pair):
     assert d["finish_reason"] in ("length", "eog") and d["text"]
 
 
+@pytest.mark.parametrize("backend_sampling", [False, True])
 @pytest.mark.parametrize("spec", [False, True])
-def test_ignore_eos_generates_past_the_end(models, spec):
+def test_ignore_eos_generates_past_the_end(models, spec, backend_sampling):
     """--ignore-eos as llama.cpp spells it: an answer that ends after a few tokens goes on for all n_predict, with no
-    end-of-generation token among them, plain and speculative alike; without it the same run ends there."""
+    end-of-generation token among them, plain and speculative alike, the argmax on the host or on the device (the
+    CPU's, here); without it the same run ends there."""
     target, drafter = models
     prompt = _prompt(target, "Reply with the single word OK and nothing else.")
-    cfg = dict(spec_types=["draft-simple"] if spec else [], adaptive=False, n_max=4, n_ctx=512)
+    cfg = dict(spec_types=["draft-simple"] if spec else [], adaptive=False, n_max=4, n_ctx=512,
+               backend_sampling=backend_sampling)
     with SpecSession(target, drafter if spec else None, SessionConfig(**cfg)) as s:
         ended = s.generate(prompt, 32)
     assert ended.finish_reason == "eog" and len(ended.tokens) < 32

@@ -184,6 +184,11 @@ def add_sampling_flags(parser: argparse.ArgumentParser, *, seed_only: bool = Fal
     g.add_argument("-s", "--seed", dest="seed", type=int, default=None, metavar="N",
                    help=f"sampling seed; {_default(SessionConfig, 'seed')} picks one at random "
                         f"(default: {_shown(SessionConfig, 'seed')})")
+    g.add_argument("-bs", "--backend-sampling", dest="backend_sampling", action="store_const", const=True, default=None,
+                   help="sample greedy rows on the device that holds the target's output layer, a CPU included "
+                        "(default: on where that device is a GPU)")
+    g.add_argument("--no-backend-sampling", dest="backend_sampling", action="store_const", const=False,
+                   help="sample every row on the host, from its logits (default: as --backend-sampling says)")
     if not seed_only:
         add_output_shape_flags(g)
 
@@ -248,7 +253,7 @@ _CONTEXT_FLAGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch"
                   "cache_type_v", "cache_type_k_draft", "cache_type_v_draft")
 _SPECULATIVE_FLAGS = ("synth_rates", "synth_len", "n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match",
                       "ngram_mod_n_min", "ngram_mod_n_max")
-_SAMPLING_FLAGS = ("temp", "top_k", "top_p", "min_p", "seed")
+_SAMPLING_FLAGS = ("temp", "top_k", "top_p", "min_p", "seed", "backend_sampling")
 
 
 def context_settings(args: argparse.Namespace) -> dict[str, Any]:

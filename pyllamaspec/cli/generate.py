@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     template, thinking = chat_settings(args)
     if args.raw and (thinking is not None or template is not None):
         raise ConfigError("--reasoning and --chat-template act through the chat template; drop --raw")
+    if args.json and args.backend_sampling:
+        raise ConfigError("--backend-sampling: --json reports every token's margin, which reads its logits on the host; "
+                          "drop one of them")
     target, drafter, session = open_session(args, margins=args.json, ignore_eos=args.ignore_eos)
     with session:
         if not args.raw and (template is not None or target.chat_template):

@@ -238,6 +238,11 @@ typedef struct pls_session_params {
     /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
      * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
     int32_t  draft_grammar;
+    /* greedy rows of the target sampled on the device that holds its output layer (llama.cpp's backend sampling):
+     * a row's token and one number come back instead of its logits. -1 auto (on where that device is not the CPU),
+     * 0 off, 1 on (PLS_ERR_INVALID where the session's sampling is not greedy). A sequence that asks for
+     * log-probabilities, or a session that collects margins, reads raw logits on the host either way */
+    int32_t  backend_sampling;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -265,6 +270,7 @@ typedef struct pls_session_info {
     int32_t n_threads;              /* the target context's threads for generation (the drafter's the same) */
     int32_t n_threads_batch;        /* and for prompt processing */
     int32_t catchup_rows;           /* kept rows a feature-reading drafter takes in per pass (0: no such drafter) */
+    int32_t backend_sampling;       /* 1: greedy rows are sampled on the target's output device */
 } pls_session_info;
 
 /* How a speculative source is priced: a draft model run by the shim token by token (k = 0 skips it
