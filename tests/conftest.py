@@ -41,6 +41,19 @@ def mtp_target(synth_dir):
 
 
 @pytest.fixture(scope="module")
+def nan_target(dense_pair, tmp_path_factory):
+    """The dense target with a NaN final norm: every logit it computes is NaN."""
+    import numpy as np
+    from ckptfactory import rewrite_gguf
+
+    from pyllamaspec import Model
+    path = rewrite_gguf(dense_pair[0], tmp_path_factory.mktemp("nan") / "nan-target.gguf",
+                        set_tensors={"output_norm.weight": lambda w: np.full_like(w, np.nan)})
+    with Model(path) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
 def dense(dense_pair):
     """The dense pair's models, opened for one test module, and the target's plain run."""
     from pyllamaspec import Model

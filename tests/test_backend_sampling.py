@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 
-import numpy as np
 import pytest
 
 from clirun import CLI
@@ -159,15 +158,6 @@ def test_what_cannot_sample_on_the_device_is_refused_when_asked_for(dense_pair):
             with SpecSession(target, None, cfg) as s:
                 assert s.info.backend_sampling is expected
                 assert len(s.generate(PROMPT, 4).tokens) == 4
-
-
-@pytest.fixture(scope="module")
-def nan_target(dense_pair, tmp_path_factory):
-    from ckptfactory import rewrite_gguf
-    path = rewrite_gguf(dense_pair[0], tmp_path_factory.mktemp("nan") / "nan-target.gguf",
-                        set_tensors={"output_norm.weight": lambda w: np.full_like(w, np.nan)})
-    with Model(path) as m:
-        yield m
 
 
 @pytest.mark.parametrize("spec", [False, True])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
 from pyllamaspec import Model, SessionConfig, SpecSession
@@ -273,16 +272,6 @@ def test_prompt_token_outside_vocab(dense):
     with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], n_ctx=64)) as s:
         with pytest.raises(PyllamaspecError, match="outside the vocab"):
             s.generate([1, 2, 10_000_000], 4)
-
-
-@pytest.fixture(scope="module")
-def nan_target(dense_pair, tmp_path_factory):
-    """The dense target with a NaN final norm: every logit it computes is NaN."""
-    from ckptfactory import rewrite_gguf
-    path = rewrite_gguf(dense_pair[0], tmp_path_factory.mktemp("nan") / "nan-target.gguf",
-                        set_tensors={"output_norm.weight": lambda w: np.full_like(w, np.nan)})
-    with Model(path) as m:
-        yield m
 
 
 @pytest.mark.parametrize("temp", [0.0, 0.8])
