@@ -24,7 +24,8 @@ constexpr int32_t PROBE_K = 1;
 constexpr int32_t GAP_MIN = 4;
 constexpr int32_t GAP_MAX = 4096;
 constexpr int32_t LEDGER_STEPS = 48;       // speculative steps judged together
-constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the window (1 / sqrt(tokens))
+constexpr double LEDGER_SLACK = 0.02;      // plus the acceptance noise of the window (LEDGER_Z / sqrt(tokens))
+constexpr double LEDGER_Z = 2.0;          // standard errors of a window's acceptance luck allowed (checked every step)
 constexpr int32_t PLAIN_REFRESH = 128;     // plain steps at least this often while speculating
 constexpr int32_t STEADY_RUN = 3;          // a size's steady cost: its third run in a row (a GPU graph captured, replayed)
 constexpr int32_t EXPLORE_ONE_IN = 32;     // try one more position now and then
@@ -951,7 +952,7 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
     const double plain = std::accumulate(s.led_plain.begin(), s.led_plain.end(), 0.0);
     const double window_tokens = std::accumulate(s.led_tok.begin(), s.led_tok.end(), 0.0);
     // lagging by more than a window's worth of acceptance luck: the model of costs or acceptance is wrong here
-    if (plain > 0.0 && real > (1.0 + LEDGER_SLACK + 1.0 / std::sqrt(std::max(1.0, window_tokens))) * plain) {
+    if (plain > 0.0 && real > (1.0 + LEDGER_SLACK + LEDGER_Z / std::sqrt(std::max(1.0, window_tokens))) * plain) {
         // this stream's speculation lags plain decoding however the model explains it: off, probed from scratch
         counters_.n_guard++;
         s.off = true;
@@ -1336,7 +1337,10 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         }
         s.probing = false;
         counters_.n_probes++;
-        if (probe_pays(o, t, i)) {
+        // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
+        // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
+        // one standard error, as its schedule is
+        if (probe_pays(o, t, i, cold_dear(t.bucket) && p_.kind != DRAFTER_MODEL ? PROBE_HOPE : 0.0)) {
             s.off = false;
             s.steps = 0;
             continue;

@@ -26,6 +26,11 @@ DEFAULT_MAX_S = 10.0
 DEFAULT_MAX_MIB = 1024
 _PASSED: set[tuple[int, str]] = set()  # (id of the native model, sha256 of the template) probed and passed
 _LOCK = threading.Lock()
+# one probe at a time in the process: threads rendering a new template together (a server's first requests) wait for
+# the one probing it rather than fork beside it - forks from several threads at once are what libraries' fork hooks
+# refuse (filelock: "os.fork is unsafe while filelock is changing descriptor ownership")
+_PROBE_LOCK = threading.Lock()
+FORK_TRIES = 20  # a fork refused for a moment (a library's fork hook, EAGAIN) is tried again, 50 ms apart
 
 
 def _budget() -> tuple[float, int]:
@@ -62,10 +67,36 @@ def check(model_key: int, template: str | None, render: Callable[[], tuple[int, 
     with _LOCK:
         if key in _PASSED:
             return
+    with _PROBE_LOCK:
+        with _LOCK:
+            if key in _PASSED:  # probed by the thread this one waited for
+                return
+        _probe(key, render, what)
+
+
+def _fork() -> int:
+    for attempt in range(FORK_TRIES):
+        try:
+            return os.fork()
+        except (RuntimeError, OSError) as error:
+            if attempt == FORK_TRIES - 1:
+                raise ChatTemplateError(
+                    f"the chat template's first render runs in a child process, which could not be started "
+                    f"({error}); try again, or set PYLLAMASPEC_TEMPLATE_PROBE=0 to render templates unguarded") from error
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def _probe(key: tuple[int, str], render: Callable[[], tuple[int, str]], what: str) -> None:
     max_s, max_mib = _budget()
     mapped = _mapped_bytes()
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = _fork()
+    except BaseException:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # the child: limits, one render, its status code on the pipe, and out without any cleanup
         code = -1000
         try:

@@ -20,30 +20,38 @@ TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
 # 64-token trace at 0 and 0.6 follow the replay's figures with it, less 0.02)
 CASES = {
     "h200-27b-dflash2-d0.json": (7, (3, 5, 7), {0.0: 0.98, 0.3: 0.97, 0.6: 0.94, 0.8: 0.93, 0.9: 0.97}),
-    "h200-27b-dflash2-d4096.json": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.91, 0.8: 0.95, 0.9: 0.97}),
+    "h200-27b-dflash2-d4096.json": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.94, 0.8: 0.97, 0.9: 0.97}),
     # (p 0.6: 0.92 since the eighth version prices a draft model's lengths by their whole steps - this trace's seed-1
     # figure 0.976 -> 0.947, the mean of 8 seeds 0.975 -> 0.986)
-    "h200-7b-draft-d0.json": (8, (2, 4, 8), {0.0: 0.97, 0.3: 0.96, 0.6: 0.92, 0.8: 0.94, 0.9: 0.97}),
+    "h200-7b-draft-d0.json": (8, (2, 4, 8), {0.0: 0.97, 0.3: 0.98, 0.6: 0.96, 0.8: 0.96, 0.9: 0.97}),
     # (p 0.9: 0.86 since a probe's switch cost is spread over 24 steps, not 8 - these 3 rounds 0.907 -> 0.867, the mean
-    # of 4 seeds' 0.938 -> 0.928, for p 0.6 0.867 -> 0.922 on this trace and better at 0.6 on most others)
-    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.96, 0.3: 0.98, 0.6: 0.85, 0.8: 0.95, 0.9: 0.86}),
+    # of 4 seeds' 0.938 -> 0.928, for p 0.6 0.867 -> 0.922 on this trace and better at 0.6 on most others; p 0.3: 0.95
+    # since the ninth version judges a probe with a standard error's hope - seed 1 1.00 -> 0.975, the mean of 8 seeds
+    # 1.003 -> 1.001 - while its p 0.6 went 0.919 -> 0.942 and the bounds that rose with it are raised)
+    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.91, 0.8: 0.95, 0.9: 0.88}),
     # 128-token traces with a sweep arm (every length's steady and cold cost) and probes that caught up after plain steps
     "h200-27b-dflash2-d0-sweep-n128.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.97, 0.9: 0.98}),
     "h200-35b-a3b-dflash-d0-sweep-n128.json.gz": (7, (3, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.94, 0.8: 0.98, 0.9: 0.98}),
     # 128-token traces of a drafter that catches up in passes of 8, 4, 2, 1 (the GPU default since then), ceiling 15 on
     # the 35B as measured; bounds: the replay's figures less about 0.02
     "h200-27b-dflash2-d0-n128-passes.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.95, 0.8: 0.96, 0.9: 0.98}),
-    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.95, 0.8: 0.93, 0.9: 1.0}),
+    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.95, 0.8: 0.93, 0.9: 1.07}),
     # 128-token traces of the seventh version (a probe's switch cost over 24 steps), its arms only; bounds: the lower of
     # the replay's figure and its mean over 4 seeds, less 0.02
-    "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.90, 0.8: 0.95, 0.9: 0.96}),
-    "h200-35b-a3b-dflash-d0-n128-switch24.json.gz": (15, (3,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.89, 0.8: 0.99, 0.9: 1.06}),
+    "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
+    "h200-35b-a3b-dflash-d0-n128-switch24.json.gz": (15, (3,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.94, 0.8: 0.99, 0.9: 1.06}),
     "h200-27b-dflash2-d0-n128-switch24.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.95, 0.8: 0.97, 0.9: 0.94}),
-    "h200-27b-dflash2-d4096-n128-switch24.json.gz": (7, (3, 5), {0.0: 0.94, 0.3: 0.95, 0.6: 0.95, 0.8: 1.02, 0.9: 1.11}),
+    "h200-27b-dflash2-d4096-n128-switch24.json.gz": (7, (3, 5), {0.0: 0.94, 0.3: 0.95, 0.6: 0.97, 0.8: 1.02, 0.9: 1.11}),
     # the eighth version's 7B trace (with the adaptive arm's lengths 2-7, whole steps measured): the same rule
     "h200-7b-draft-d0-n128-v8.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.95, 0.8: 0.95, 0.9: 0.95}),
     # the same pair with greedy rows sampled on the GPU (a plain step 3.0 ms instead of 3.2): the same rule
     "h200-7b-draft-d0-n128-bs.json.gz": (8, (2, 4), {0.0: 1.0, 0.3: 0.99, 0.6: 0.97, 0.8: 0.97, 0.9: 0.96}),
+    # the ninth version (a stream off is judged back on with a standard error's hope where a drafter reading every
+    # target batch makes a stay off dear; the ledger allows two standard errors of acceptance luck): its 7B trace, and
+    # the 35B-A3B with every expert on the CPU (two calls' traces, 64 tokens) - a cell it still misses on the GPU
+    # (0.96 of plain at natural acceptance, 0.94 of n3 at p 0.9), bounded where it stands. Bounds: the same rule
+    "h200-7b-draft-d0-n128-v9.json.gz": (8, (2, 4), {0.0: 0.99, 0.3: 1.0, 0.6: 0.96, 0.8: 0.97, 0.9: 0.96}),
+    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.91, 0.3: 0.9, 0.6: 0.9, 0.8: 0.94, 0.9: 0.93}),
 }
 
 

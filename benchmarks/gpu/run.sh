@@ -19,7 +19,9 @@
 #   llamaserver  upstream's llama-server from the pinned commit's source carried unpatched as .ups/ (the archive
 #              tools/vendor.py verifies, without docs/, models/, tests/, examples/ and the ggml backends other than
 #              cpu and cuda - about 36 MB; tools/, vendor/ and scripts/ui-assets.cmake are needed)
-#   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients (needs both)
+#   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients: llama-server from the
+#              llamaserver phase, or the one `benchmarks/gpu/server.sh` built on another machine against the package's
+#              libraries (carried as .pkg/lsrv.tgz, put beside them by unpack)
 #   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
@@ -51,6 +53,8 @@ phase_unpack() {
     # libllama, libllama-common and the shim hold no backend code: built on any x86-64 machine from the same tree
     # (`benchmarks/gpu/libs.sh`), they replace the package's, whose ggml backends stay
     [ -f .pkg/libs.tgz ] && tar xzf .pkg/libs.tgz -C $PKG/pyllamaspec/lib
+    # upstream's llama-server built against those libraries (`benchmarks/gpu/server.sh`), for the serve phase
+    [ -f .pkg/lsrv.tgz ] && tar xzf .pkg/lsrv.tgz -C $PKG/pyllamaspec/lib
     python3 -P -m pyllamaspec.cli info | head -4
 }
 
@@ -99,6 +103,16 @@ phase_g27d16k() { DEPTHS=16384 ARMS=${ARMS:-plain,n7,adaptive7} phase_g27deep; }
 phase_g35() {
     phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
         --sweep-n-max "${SWEEP_MAX:-15}"
+}
+# the cold cost of a batch size the step before did not run (35B-A3B MoE, sweep arm): as built, with llama's graph
+# reuse off, and with CUDA graphs off - which of graph building, capture or eager launches a new size pays
+phase_g35cold() {
+    phase_synth35 || return 1
+    local cfg
+    for cfg in default LLAMA_GRAPH_REUSE_DISABLE=1 GGML_CUDA_DISABLE_GRAPHS=1; do
+        ( [ "$cfg" = default ] || export "$cfg"
+          grid "h200-35b-cold-${cfg%%=*}" /tmp/m/t35.gguf /tmp/m/d35.gguf plain,n3,sweep 0 0.6 --sweep-n-max 7 ) || return 1
+    done
 }
 phase_g35cpu() {
     phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
@@ -175,7 +189,10 @@ phase_llamaserver() {
 }
 
 phase_serve() {
-    T=/tmp/m/t7b.gguf D=/tmp/m/d05.gguf LLAMA_SERVER=/tmp/ups-build/bin/llama-server LCP_PYTHON=/nonexistent \
+    local server=/tmp/ups-build/bin/llama-server
+    [ -x $PKG/pyllamaspec/lib/llama-server ] && server=$PKG/pyllamaspec/lib/llama-server
+    phase_synth05 && phase_synth7 || return 1
+    T=/tmp/m/t7b.gguf D=/tmp/m/d05.gguf LLAMA_SERVER=$server LCP_PYTHON=/nonexistent \
         PYTHON=python3 EXTRA="-ngl 99" NP=8 CTX=8192 THREADS=8 LEVELS=${LEVELS:-1,4,8} REQUESTS=${REQUESTS:-2} \
         MAX_TOKENS=${MAX_TOKENS:-128} ROUNDS=${ROUNDS:-5} OUT="$OUT/h200-serve-load.json" LOG_DIR="$OUT" \
         bash benchmarks/serve_load.sh
