@@ -1340,7 +1340,8 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
         // one standard error, as its schedule is
-        if (probe_pays(o, t, i, cold_dear(t.bucket) && p_.kind != DRAFTER_MODEL ? PROBE_HOPE : 0.0)) {
+        const bool reads_batches = p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE;
+        if (probe_pays(o, t, i, cold_dear(t.bucket) && reads_batches ? PROBE_HOPE : 0.0)) {
             s.off = false;
             s.steps = 0;
             continue;

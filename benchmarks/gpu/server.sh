@@ -19,7 +19,7 @@ tar xzf "$sdist" -C "$src" --strip-components="$(( $(tr -cd / <<< "$prefix" | wc
     --exclude="$prefix/docs" --exclude="$prefix/models" --exclude="$prefix/examples" --exclude="$prefix/tests" \
     --exclude="$prefix/.github" --exclude="$prefix/media" --exclude="$prefix/gguf-py" "$prefix"
 while read -r p; do
-    [ -z "$p" ] || patch -d "$src" -p1 -s < "$root/patches/$p"
+    [ -z "$p" ] || patch -d "$src" -p1 -s --batch < "$root/patches/$p"
 done < patches/series
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
