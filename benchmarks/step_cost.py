@@ -14,7 +14,8 @@ drafting: a speculative session's plain step, with its snapshot ring and drafter
 (G plain steps, then one draft at the sweep ceiling, round and round: a feature-reading drafter's catch-up after G
 plain steps; G < 64); any of these with -host (plain-host, n4-host, adaptive-host): every row sampled on the host from
 its logits, where the default samples greedy rows on a GPU that holds the target's output layer; and with -ringN
-(plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none);
+(plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none); and with -g1
+(sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import re
 import statistics
@@ -57,6 +59,7 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
 
 
 HOST = "-host"  # arm suffix: sampling on the host
+ONE_GRAPH = "-g1"  # arm suffix: llama's contexts keep one graph (LLAMA_GRAPH_CACHE=1), not one per batch shape
 
 
 def sweep_schedule(n_max: int) -> list[int]:
@@ -66,6 +69,9 @@ def sweep_schedule(n_max: int) -> list[int]:
 
 def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
                trace_steps: int, catchup_rows: int = 0) -> SessionConfig | None:
+    if arm.endswith(ONE_GRAPH):
+        # the same arm, its contexts made with LLAMA_GRAPH_CACHE=1 (open_session sets it)
+        return arm_config(arm[:-len(ONE_GRAPH)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
     if arm.endswith(HOST):
         # the same arm with every row sampled on the host from its logits (no backend sampling)
         cfg = arm_config(arm[:-len(HOST)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
@@ -101,6 +107,22 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         n = int(arm[len("adaptive"):] or 8)
         return SessionConfig(spec_types=types, n_max=n, synth_rates=synth_rates(level, n), **common)
     return None
+
+
+def open_session(arm: str, target, drafter, cfg: SessionConfig) -> SpecSession:
+    """An arm's session; an arm ending in -g1 has its contexts keep one graph (llama reads LLAMA_GRAPH_CACHE when
+    it makes a context, so the setting holds for that session's life and no other's)."""
+    if not arm.endswith(ONE_GRAPH):
+        return SpecSession(target, drafter, cfg)
+    before = os.environ.get("LLAMA_GRAPH_CACHE")
+    os.environ["LLAMA_GRAPH_CACHE"] = "1"
+    try:
+        return SpecSession(target, drafter, cfg)
+    finally:
+        if before is None:
+            del os.environ["LLAMA_GRAPH_CACHE"]
+        else:
+            os.environ["LLAMA_GRAPH_CACHE"] = before
 
 
 def run_llama_bench(binary: Path, target: Path, n_predict: int, n_cpu_moe: int) -> dict:
@@ -179,7 +201,7 @@ def main(argv=None) -> int:
                                  args.catchup_rows)
                 if cfg is not None:
                     no_drafter = cfg.spec_types is not None and len(cfg.spec_types) == 0  # plain
-                    sessions[arm] = SpecSession(target, None if no_drafter else drafter, cfg)
+                    sessions[arm] = open_session(arm, target, None if no_drafter else drafter, cfg)
             runs = {arm: [] for arm in arms}
             arm_steps = {arm: [] for arm in sessions}
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
@@ -209,6 +231,7 @@ def main(argv=None) -> int:
                                    "t_draft_ms", "t_verify_ms", "t_sync_ms", "t_sample_ms", "t_process_ms",
                                    "t_rollback_ms")},
                                "graph_captures": st.n_graph_captures, "graph_resets": st.n_graph_resets,
+                               "graph_reused": st.n_graph_reused,
                                "k_histogram": st.k_histogram, "est_plain_tok_s": st.estimated_plain_tokens_per_second}
                     if trace_steps and arm in sessions:
                         taken = tracefile.compact(sessions[arm].take_trace())

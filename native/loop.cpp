@@ -850,9 +850,19 @@ void fill_adaptive_info(const controller & c, pls_adaptive_info & out) {
     }
 }
 
+// batches of the session's contexts that ran a graph built earlier (llama's count, kept per context)
+static int64_t graphs_reused(const pls_session & s) {
+    int64_t n = llama_perf_context(s.ctx_tgt.get()).n_reused;
+    if (s.ctx_dft) {
+        n += llama_perf_context(s.ctx_dft.get()).n_reused;
+    }
+    return n;
+}
+
 void publish_stats(pls_session & s) {
     s.stats.n_graph_captures = graph_captures() - s.graph_captures0;
     s.stats.n_graph_resets = graph_resets() - s.graph_resets0;
+    s.stats.n_graph_reused = graphs_reused(s) - s.graph_reused0;
     pls_adaptive_info info{};
     if (s.ctl) {
         const controller_counters & c = s.ctl->counters();
@@ -874,6 +884,7 @@ void reset_stats_now(pls_session & s) {
     s.stats = pls_stats{};
     s.graph_captures0 = graph_captures();
     s.graph_resets0 = graph_resets();
+    s.graph_reused0 = graphs_reused(s);
     for (auto & st : s.streams) {
         const int64_t n_prompt = st.stats.n_prompt;
         st.stats = pls_stats{};

@@ -174,6 +174,7 @@ struct pls_session {
     std::atomic<bool> reset_requested{false};
     int64_t graph_captures0 = 0;           // the process-wide graph counters when the stats were last reset
     int64_t graph_resets0 = 0;
+    int64_t graph_reused0 = 0;             // the contexts' reused-graph counts then
     std::vector<pls_trace_step> trace;     // steps recorded for pls_take_trace (under stats_mu), at most sp.trace_steps
     int64_t trace_dropped = 0;             // steps recorded beyond that since the last take
 

@@ -56,6 +56,7 @@ class Stats:
     t_sync_ms: float = 0.0            # waiting for the device to finish the target's batch (part of t_verify_ms)
     n_graph_captures: int = 0         # CUDA/HIP graphs captured during the run (process-wide; 0 on the CPU)
     n_graph_resets: int = 0           # graphs dropped because a batch of another shape came
+    n_graph_reused: int = 0           # batches (target and draft model) that ran a graph built earlier
     k_histogram: list[int] = field(default_factory=list)  # stream-steps per draft length k (index 0: plain steps)
     n_probes: int = 0
     n_guard: int = 0
@@ -458,7 +459,8 @@ class SpecSession(_native.NativeOwner):
                 raise ConfigError(f"no stream {index} in the last generation")
             self._lib.pls_get_stats(h, shared)
         for name in ("t_prefill_ms", "t_draft_ms", "t_verify_ms", "t_rollback_ms", "t_sample_ms", "t_decode_ms",
-                     "t_process_ms", "t_sync_ms", "est_plain_ms", "n_graph_captures", "n_graph_resets"):
+                     "t_process_ms", "t_sync_ms", "est_plain_ms", "n_graph_captures", "n_graph_resets",
+                     "n_graph_reused"):
             setattr(s, name, getattr(shared, name))
         return Stats.from_native(s)
 

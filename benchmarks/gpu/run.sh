@@ -22,6 +22,7 @@
 #   serve      `pyllamaspec serve` against llama-server, 7B-shape + 0.5B-shape, 1/4/8 clients: llama-server from the
 #              llamaserver phase, or the one `benchmarks/gpu/server.sh` built on another machine against the package's
 #              libraries (carried as .pkg/lsrv.tgz, put beside them by unpack)
+#   g35graphs  35B-A3B: graphs kept by shape against llama's single graph (-g1 arms), sweep and adaptive, one run
 #   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
@@ -114,6 +115,12 @@ phase_g35cold() {
           grid "h200-35b-cold-${cfg%%=*}" /tmp/m/t35.gguf /tmp/m/d35.gguf plain,n3,sweep 0 0.6 --sweep-n-max 7 ) || return 1
     done
 }
+# graphs kept by shape (patch 0010) against llama's single graph (-g1 arms, LLAMA_GRAPH_CACHE=1), interleaved in one
+# run: the sweep's cold cost of a batch size the step before did not run, and the adaptive arm beside the fixed ones
+phase_g35graphs() {
+    phase_synth35 && grid h200-35b-graphs /tmp/m/t35.gguf /tmp/m/d35.gguf \
+        "${ARMS:-plain,n3,n7,adaptive15,adaptive15-g1,sweep,sweep-g1}" 0 "${LEVELS:-0,0.6,0.8,0.9}" --sweep-n-max 7
+}
 phase_g35cpu() {
     phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
 }
@@ -159,10 +166,10 @@ phase_synth7() {
     echo "synth 7B: $((SECONDS - t0)) s"
 }
 
-phase_tests() {
-    timeout 300 python3 -P -m pytest -q -m "not realmodel" -p no:cacheprovider tests/test_sessions.py tests/test_streams.py \
-        tests/test_model_drafters.py tests/test_threads.py tests/test_continuous.py tests/test_adaptive.py \
-        tests/test_sampling.py tests/test_memory.py 2>&1 | tail -15
+phase_tests() {  # TESTS= names other test files
+    timeout "${TESTS_TIMEOUT:-300}" python3 -P -m pytest -q -m "not realmodel" -p no:cacheprovider ${TESTS:-tests/test_sessions.py \
+        tests/test_streams.py tests/test_model_drafters.py tests/test_threads.py tests/test_continuous.py \
+        tests/test_adaptive.py tests/test_sampling.py tests/test_memory.py} 2>&1 | tail -15
 }
 
 phase_diag() {

@@ -314,6 +314,7 @@ typedef struct pls_stats {
     int64_t n_graph_captures;       /* CUDA/HIP graphs captured during the run (process-wide; 0 on the CPU) */
     int64_t n_graph_resets;         /* graphs invalidated because a batch of another shape came */
     double  est_plain_ms;           /* estimated time plain decoding would have taken for these tokens */
+    int64_t n_graph_reused;         /* batches (target and draft model) that ran a graph built earlier, not a new one */
 } pls_stats;
 
 /* What the draft-length controller has learnt (costs measured on this machine, acceptance estimates). */

@@ -1,0 +1,102 @@
+"""Graphs kept by shape (patch 0010): a context keeps the graphs of the batch shapes it ran and allocates a kept one
+again when its shape comes back, instead of building it anew. A speculative loop alternates shapes every step, so a
+kept graph must run exactly as a rebuilt one would: the same tokens, on every path that changes shapes (a draft
+model's catch-up and single-token decodes, DFlash's feature batches, a ring rollback's recurrent-state views,
+several streams, the device's sampler nodes). LLAMA_GRAPH_CACHE=1 (read when a context is made) gives llama's
+single-graph reuse, the reference here."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import PROMPT, TARGETS, make_dflash
+
+from pyllamaspec import Model, SessionConfig, SpecSession
+
+N = 48
+PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2]]
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def pair(request, tmp_path_factory):
+    fixture, n_embd, ids = TARGETS[request.param]
+    target_path, drafter_path = request.getfixturevalue(fixture)
+    dflash = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=2, block_size=8,
+                         conv_group_size=16, selector_rank=16, selector_top_k=4)
+    with Model(target_path) as target, Model(drafter_path) as drafter, Model(dflash) as d2:
+        yield request.param, target, drafter, d2
+
+
+def config(arm, **cfg):
+    cfg.setdefault("n_ctx", 1024)
+    if arm == "dflash2":
+        return SessionConfig(spec_types="draft-dflash", adaptive=False, n_max=7, **cfg)
+    if arm == "dflash2-adaptive":
+        return SessionConfig(spec_types="draft-dflash", n_max=7, **cfg)
+    return SessionConfig(spec_types=["draft-simple"], adaptive=arm == "adaptive", n_max=4, **cfg)
+
+
+def both_ways(monkeypatch, run):
+    """run() with llama's single-graph reuse, then with graphs kept by shape."""
+    out = {}
+    for kept in (False, True):
+        if kept:
+            monkeypatch.delenv("LLAMA_GRAPH_CACHE", raising=False)
+        else:
+            monkeypatch.setenv("LLAMA_GRAPH_CACHE", "1")
+        out[kept] = run()
+    return out[False], out[True]
+
+
+@pytest.mark.parametrize("arm", ["n4", "adaptive", "dflash2", "dflash2-adaptive"])
+@pytest.mark.parametrize("backend_sampling", [False, True])
+def test_a_kept_graph_decodes_what_a_rebuilt_one_does(pair, arm, backend_sampling, monkeypatch):
+    kind, target, drafter, d2 = pair
+
+    def run():
+        cfg = config(arm, backend_sampling=backend_sampling)
+        with SpecSession(target, d2 if arm.startswith("dflash2") else drafter, cfg) as s:
+            if kind == "hybrid":
+                assert s.info.rollback_target == "ring"
+            return s.generate(PROMPT, N)
+
+    single, kept = both_ways(monkeypatch, run)
+    assert len(kept.tokens) == N
+    assert kept.tokens == single.tokens, f"{kind} {arm}"
+    if "adaptive" not in arm:
+        # the same verdicts step by step (adaptive lengths follow measured costs, which differ between runs)
+        assert (kept.stats.n_steps, kept.stats.n_drafted, kept.stats.n_accepted) == \
+               (single.stats.n_steps, single.stats.n_drafted, single.stats.n_accepted)
+        # every batch whose graph llama reused is reused when graphs are kept, and more where shapes alternate
+        assert kept.stats.n_graph_reused >= single.stats.n_graph_reused
+
+
+def test_shapes_that_alternate_run_kept_graphs(pair, monkeypatch):
+    """A hybrid draft model decodes a catch-up batch, then single tokens, every step: with graphs kept, the shapes
+    that come back are not rebuilt. (A dense draft model on these random weights drafts in single tokens only.)"""
+    kind, target, drafter, _ = pair
+    if kind != "hybrid":
+        pytest.skip("the dense pair's batches keep one shape per context here")
+
+    def run():
+        with SpecSession(target, drafter, config("n4")) as s:
+            return s.generate(PROMPT, 64)
+
+    single, kept = both_ways(monkeypatch, run)
+    assert kept.tokens == single.tokens
+    # most steps change shape twice (catch-up -> single tokens in the draft model, then the target's verify)
+    assert kept.stats.n_graph_reused >= single.stats.n_graph_reused + kept.stats.n_steps
+
+
+def test_streams_decoded_together_keep_their_graphs(pair, monkeypatch):
+    _, target, drafter, _ = pair
+
+    def run():
+        cfg = SessionConfig(spec_types=["draft-simple"], adaptive=False, n_max=4, n_ctx=2048, n_parallel=3)
+        with SpecSession(target, drafter, cfg) as s:
+            return [r.tokens for r in s.generate_batch(PROMPTS, N)]
+
+    single, kept = both_ways(monkeypatch, run)
+    assert kept == single
+    assert all(len(t) == N for t in kept)
+
