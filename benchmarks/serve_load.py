@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from pyllamaspec.atomicfile import atomic_output
+
 PROMPT_DIR = Path(__file__).resolve().parents[1] / "pyllamaspec" / "bench" / "prompts"
 
 
@@ -106,6 +108,27 @@ def summarize(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
 
+def summary(phases: list[dict], names: list[str], levels: list[int]) -> dict:
+    table = {}
+    for name in names:
+        for c in levels:
+            mine = [p for p in phases if p["server"] == name and p["concurrency"] == c]
+            if mine:
+                table.setdefault(name, {})[str(c)] = {
+                    "tok_s": summarize([p["tok_s"] for p in mine]),
+                    "ttft_median_s": summarize([p["ttft_median_s"] for p in mine]),
+                    "latency_median_s": summarize([p["latency_median_s"] for p in mine])}
+    return table
+
+
+def write_record(args, servers: dict, phases: list[dict], table: dict, rounds_done: int) -> None:
+    """The record so far, replaced whole (a temp file renamed over it)."""
+    doc = {"servers": servers, "args": vars(args) | {"json": str(args.json)}, "rounds_done": rounds_done,
+           "phases": phases, "summary": table}
+    with atomic_output(args.json, force=True) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", action="append", required=True, metavar="NAME=URL")
@@ -139,18 +162,10 @@ def main() -> int:
                 phases.append(result)
                 print(f"round {r} c={c} {name}: {result['tok_s']:.1f} tok/s, TTFT median "
                       f"{result['ttft_median_s']:.2f} s", flush=True)
-    table = {}
-    for name in names:
-        for c in levels:
-            mine = [p for p in phases if p["server"] == name and p["concurrency"] == c]
-            table.setdefault(name, {})[str(c)] = {
-                "tok_s": summarize([p["tok_s"] for p in mine]),
-                "ttft_median_s": summarize([p["ttft_median_s"] for p in mine]),
-                "latency_median_s": summarize([p["latency_median_s"] for p in mine])}
+        if args.json:  # after every round: a run cut short keeps the rounds it finished
+            write_record(args, servers, phases, summary(phases, names, levels), rounds_done=r + 1)
+    table = summary(phases, names, levels)
     print(json.dumps(table, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps({"servers": servers, "args": vars(args) | {"json": str(args.json)},
-                                         "phases": phases, "summary": table}, indent=1, default=str))
     return 0
 
 
