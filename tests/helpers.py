@@ -32,6 +32,7 @@ def _near_tie() -> float:
 
 NEAR_TIE = _near_tie()
 PROMPT = [1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7]
+STREAM_PROMPTS = [PROMPT, [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2]]  # three streams decoded together
 
 
 def plain(target: Model, n_predict: int = N_PREDICT, prompt=PROMPT, **cfg):

@@ -10,23 +10,12 @@ import subprocess
 import pytest
 
 from clirun import CLI
-from helpers import PROMPT, TARGETS, make_dflash
+from helpers import PROMPT, STREAM_PROMPTS
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.errors import ConfigError, GenerationError, ParamError
 
 N = 48
-PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2]]
-
-
-@pytest.fixture(scope="module", params=["dense", "hybrid"])
-def pair(request, tmp_path_factory):
-    fixture, n_embd, ids = TARGETS[request.param]
-    target_path, drafter_path = request.getfixturevalue(fixture)
-    dflash = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=2, block_size=8,
-                         conv_group_size=16, selector_rank=16, selector_top_k=4)
-    with Model(target_path) as target, Model(drafter_path) as drafter, Model(dflash) as d2:
-        yield request.param, target, drafter, d2
 
 
 def arm_session(target, drafter, d2, arm, **cfg):
@@ -43,8 +32,8 @@ def arm_session(target, drafter, d2, arm, **cfg):
 
 
 @pytest.mark.parametrize("arm", ["plain", "n4", "adaptive", "dflash2", "dflash2-adaptive"])
-def test_the_device_commits_the_hosts_tokens(pair, arm):
-    kind, target, drafter, d2 = pair
+def test_the_device_commits_the_hosts_tokens(trio, arm):
+    kind, target, drafter, d2 = trio
     for ignore_eos in (False, True):
         runs = {}
         for on in (False, True):
@@ -65,14 +54,14 @@ def test_the_device_commits_the_hosts_tokens(pair, arm):
         assert host.stats.n_drafted > 0
 
 
-def test_streams_decoded_together_sample_each_on_the_device(pair):
-    _, target, drafter, _ = pair
+def test_streams_decoded_together_sample_each_on_the_device(trio):
+    _, target, drafter, _ = trio
     out = {}
     for on in (False, True):
         cfg = SessionConfig(spec_types=["draft-simple"], adaptive=False, n_max=4, n_ctx=2048, n_parallel=3,
                             backend_sampling=on)
         with SpecSession(target, drafter, cfg) as s:
-            out[on] = [r.tokens for r in s.generate_batch(PROMPTS, N)]
+            out[on] = [r.tokens for r in s.generate_batch(STREAM_PROMPTS, N)]
     assert out[True] == out[False]
     assert all(len(t) == N for t in out[True])
 
@@ -92,12 +81,12 @@ def run_until_idle(s, submits):
     return tokens, logprobs
 
 
-def test_a_sequence_that_asks_for_logprobs_reads_its_logits_beside_ones_sampled_on_the_device(pair):
+def test_a_sequence_that_asks_for_logprobs_reads_its_logits_beside_ones_sampled_on_the_device(trio):
     """In one running batch a sequence with n_probs gets its log-probabilities from the raw logits while the others
     sample on the device; slots reused by the other kind switch over. Tokens and log-probabilities are the host's."""
-    _, target, drafter, _ = pair
-    first = [("a", PROMPTS[0], {"n_probs": 2}), ("b", PROMPTS[1], {})]
-    then = [("c", PROMPTS[2], {}), ("d", PROMPTS[1], {"n_probs": 0})]  # the slots change over both ways
+    _, target, drafter, _ = trio
+    first = [("a", STREAM_PROMPTS[0], {"n_probs": 2}), ("b", STREAM_PROMPTS[1], {})]
+    then = [("c", STREAM_PROMPTS[2], {}), ("d", STREAM_PROMPTS[1], {"n_probs": 0})]  # the slots change over both ways
     results = {}
     for on in (False, True):
         cfg = SessionConfig(spec_types=["draft-simple"], adaptive=False, n_max=4, n_ctx=2048, n_parallel=2,
@@ -115,8 +104,8 @@ def test_a_sequence_that_asks_for_logprobs_reads_its_logits_beside_ones_sampled_
             assert [d.logprob, *(v for _, v in d.top)] == pytest.approx([h.logprob, *(v for _, v in h.top)], abs=1e-5)
 
 
-def test_scoring_reads_every_rows_logits_in_a_session_that_samples_on_the_device(pair):
-    _, target, drafter, _ = pair
+def test_scoring_reads_every_rows_logits_in_a_session_that_samples_on_the_device(trio):
+    _, target, drafter, _ = trio
     cont = [3, 9, 27, 81, 243, 7]
     margins = {}
     for on in (False, True):

@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import PROMPT, TARGETS, make_dflash
+from helpers import PROMPT, STREAM_PROMPTS
 
-from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec import SessionConfig, SpecSession
 
 N = 48
-PROMPTS = [[1, 5, 9, 2, 7, 3, 8, 1, 5, 9, 2, 7], [4, 4, 8, 15, 16, 23, 42], [7, 3, 3, 7, 1, 2]]
-
-
-@pytest.fixture(scope="module", params=["dense", "hybrid"])
-def pair(request, tmp_path_factory):
-    fixture, n_embd, ids = TARGETS[request.param]
-    target_path, drafter_path = request.getfixturevalue(fixture)
-    dflash = make_dflash(tmp_path_factory, target_path, n_embd, ids, version=2, block_size=8,
-                         conv_group_size=16, selector_rank=16, selector_top_k=4)
-    with Model(target_path) as target, Model(drafter_path) as drafter, Model(dflash) as d2:
-        yield request.param, target, drafter, d2
 
 
 def config(arm, **cfg):
@@ -50,8 +39,8 @@ def both_ways(monkeypatch, run):
 
 @pytest.mark.parametrize("arm", ["n4", "adaptive", "dflash2", "dflash2-adaptive"])
 @pytest.mark.parametrize("backend_sampling", [False, True])
-def test_a_kept_graph_decodes_what_a_rebuilt_one_does(pair, arm, backend_sampling, monkeypatch):
-    kind, target, drafter, d2 = pair
+def test_a_kept_graph_decodes_what_a_rebuilt_one_does(trio, arm, backend_sampling, monkeypatch):
+    kind, target, drafter, d2 = trio
 
     def run():
         cfg = config(arm, backend_sampling=backend_sampling)
@@ -71,10 +60,10 @@ def test_a_kept_graph_decodes_what_a_rebuilt_one_does(pair, arm, backend_samplin
         assert kept.stats.n_graph_reused >= single.stats.n_graph_reused
 
 
-def test_shapes_that_alternate_run_kept_graphs(pair, monkeypatch):
+def test_shapes_that_alternate_run_kept_graphs(trio, monkeypatch):
     """A hybrid draft model decodes a catch-up batch, then single tokens, every step: with graphs kept, the shapes
     that come back are not rebuilt. (A dense draft model on these random weights drafts in single tokens only.)"""
-    kind, target, drafter, _ = pair
+    kind, target, drafter, _ = trio
     if kind != "hybrid":
         pytest.skip("the dense pair's batches keep one shape per context here")
 
@@ -88,13 +77,13 @@ def test_shapes_that_alternate_run_kept_graphs(pair, monkeypatch):
     assert kept.stats.n_graph_reused >= single.stats.n_graph_reused + kept.stats.n_steps
 
 
-def test_streams_decoded_together_keep_their_graphs(pair, monkeypatch):
-    _, target, drafter, _ = pair
+def test_streams_decoded_together_keep_their_graphs(trio, monkeypatch):
+    _, target, drafter, _ = trio
 
     def run():
         cfg = SessionConfig(spec_types=["draft-simple"], adaptive=False, n_max=4, n_ctx=2048, n_parallel=3)
         with SpecSession(target, drafter, cfg) as s:
-            return [r.tokens for r in s.generate_batch(PROMPTS, N)]
+            return [r.tokens for r in s.generate_batch(STREAM_PROMPTS, N)]
 
     single, kept = both_ways(monkeypatch, run)
     assert kept == single
