@@ -16,6 +16,7 @@ plain steps; G < 64); any of these with -host (plain-host, n4-host, adaptive-hos
 its logits, where the default samples greedy rows on a GPU that holds the target's output layer; and with -ringN
 (plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none); and with -g1
 (sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
+and with -gs (sweep-gs): graphs kept by shape, all in the context's one scheduler (LLAMA_GRAPH_CACHE_SCHED=0);
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -60,6 +61,12 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
 
 HOST = "-host"  # arm suffix: sampling on the host
 ONE_GRAPH = "-g1"  # arm suffix: llama's contexts keep one graph (LLAMA_GRAPH_CACHE=1), not one per batch shape
+SHARED_SCHED = "-gs"  # arm suffix: graphs kept by shape, all in the context's scheduler (LLAMA_GRAPH_CACHE_SCHED=0)
+GRAPH_ENV = {ONE_GRAPH: {"LLAMA_GRAPH_CACHE": "1"}, SHARED_SCHED: {"LLAMA_GRAPH_CACHE_SCHED": "0"}}
+
+
+def graph_suffix(arm: str) -> str | None:
+    return next((sfx for sfx in GRAPH_ENV if arm.endswith(sfx)), None)
 
 
 def sweep_schedule(n_max: int) -> list[int]:
@@ -69,9 +76,10 @@ def sweep_schedule(n_max: int) -> list[int]:
 
 def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
                trace_steps: int, catchup_rows: int = 0) -> SessionConfig | None:
-    if arm.endswith(ONE_GRAPH):
-        # the same arm, its contexts made with LLAMA_GRAPH_CACHE=1 (open_session sets it)
-        return arm_config(arm[:-len(ONE_GRAPH)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+    sfx = graph_suffix(arm)
+    if sfx:
+        # the same arm, its contexts made with GRAPH_ENV[sfx] set (open_session sets it)
+        return arm_config(arm[:-len(sfx)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
     if arm.endswith(HOST):
         # the same arm with every row sampled on the host from its logits (no backend sampling)
         cfg = arm_config(arm[:-len(HOST)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
@@ -110,19 +118,22 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
 
 
 def open_session(arm: str, target, drafter, cfg: SessionConfig) -> SpecSession:
-    """An arm's session; an arm ending in -g1 has its contexts keep one graph (llama reads LLAMA_GRAPH_CACHE when
-    it makes a context, so the setting holds for that session's life and no other's)."""
-    if not arm.endswith(ONE_GRAPH):
+    """An arm's session; an arm ending in -g1 has its contexts keep one graph, one ending in -gs keeps its graphs in
+    the context's scheduler (llama reads GRAPH_ENV's variables when it makes a context, so the setting holds for that
+    session's life and no other's)."""
+    sfx = graph_suffix(arm)
+    if not sfx:
         return SpecSession(target, drafter, cfg)
-    before = os.environ.get("LLAMA_GRAPH_CACHE")
-    os.environ["LLAMA_GRAPH_CACHE"] = "1"
+    before = {k: os.environ.get(k) for k in GRAPH_ENV[sfx]}
+    os.environ.update(GRAPH_ENV[sfx])
     try:
         return SpecSession(target, drafter, cfg)
     finally:
-        if before is None:
-            del os.environ["LLAMA_GRAPH_CACHE"]
-        else:
-            os.environ["LLAMA_GRAPH_CACHE"] = before
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def run_llama_bench(binary: Path, target: Path, n_predict: int, n_cpu_moe: int) -> dict:

@@ -6,7 +6,7 @@
 #              15 MB) and copy the pieces into .pkg/ here
 #   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90)
 #   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
-#              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common and the
+#              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common, libggml-base and the
 #              shim, built on another x86-64 machine from this tree: `benchmarks/gpu/libs.sh`); needs
 #              `carry: [".pkg", ".whl"]`
 #   setup      build (the carried wheels, the CUDA package; UPSTREAM=1 adds upstream's speculative-simple),
@@ -23,6 +23,8 @@
 #              llamaserver phase, or the one `benchmarks/gpu/server.sh` built on another machine against the package's
 #              libraries (carried as .pkg/lsrv.tgz, put beside them by unpack)
 #   g35graphs  35B-A3B: graphs kept by shape against llama's single graph (-g1 arms), sweep and adaptive, one run
+#   gsched     kept graphs in schedulers of their own against one scheduler (-gs) and one graph (-g1); MODEL=27
+#   gmem       the device memory kept graphs take, 27B and 35B-A3B, each arm in a process of its own
 #   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
@@ -120,6 +122,29 @@ phase_g35cold() {
 phase_g35graphs() {
     phase_synth35 && grid h200-35b-graphs /tmp/m/t35.gguf /tmp/m/d35.gguf \
         "${ARMS:-plain,n3,n7,adaptive15,adaptive15-g1,sweep,sweep-g1}" 0 "${LEVELS:-0,0.6,0.8,0.9}" --sweep-n-max 7
+}
+# kept graphs of small batches in schedulers of their own (the default) against kept graphs in the context's one
+# scheduler (-gs arms, LLAMA_GRAPH_CACHE_SCHED=0) and one graph (-g1), interleaved in one run (MODEL=27 the 27B)
+phase_gsched() {
+    if [ "${MODEL:-35}" = 27 ]; then
+        phase_synth27 && grid h200-27b-sched /tmp/m/t27.gguf /tmp/m/d27.gguf \
+            "${ARMS:-plain,n3,n5,n7,adaptive7,adaptive7-gs,sweep,sweep-gs}" 0 "${LEVELS:-0,0.6,0.8,0.9}"
+    else
+        phase_synth35 && grid h200-35b-sched /tmp/m/t35.gguf /tmp/m/d35.gguf \
+            "${ARMS:-plain,n3,n7,adaptive15,adaptive15-gs,sweep,sweep-gs,sweep-g1}" 0 "${LEVELS:-0,0.6,0.8,0.9}" --sweep-n-max 7
+    fi
+}
+# device memory of the kept graphs (benchmarks/gpu/graph_memory.py), each arm in a process of its own
+phase_gmem() {
+    local arm
+    mkdir -p "$OUT/res"
+    phase_synth27 && phase_synth35 || return 1
+    for m in 27 35; do
+        for arm in ${ARMS:-sweep sweep-gs sweep-g1}; do
+            python3 -P benchmarks/gpu/graph_memory.py -m /tmp/m/t$m.gguf -md /tmp/m/d$m.gguf --arm "$arm" \
+                | tee -a "$OUT/res/h200-graph-memory-$m.jsonl" || return 1
+        done
+    done
 }
 phase_g35cpu() {
     phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
