@@ -136,7 +136,7 @@ phase_gsched() {
 }
 # device memory of the kept graphs (benchmarks/gpu/graph_memory.py), each arm in a process of its own
 phase_gmem() {
-    local arm
+    local arm m
     mkdir -p "$OUT/res"
     phase_synth27 && phase_synth35 || return 1
     for m in 27 35; do
