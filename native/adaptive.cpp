@@ -52,6 +52,10 @@ constexpr int32_t WHOLE_MEMORY = 32;
 constexpr int32_t WHOLE_MIN = 6;
 constexpr int32_t EXPLORE_RUN = 12;
 constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
+constexpr double HOLD_MARGIN = 0.03;      // a lone stream leaves its draft length for one priced better by this
+constexpr int32_t KV_WINDOW = 256;        // llama pads the KV cache's view to this many cells: a graph serves one window
+constexpr int32_t KEPT_GRAPHS = 8;        // a context keeps a graph per batch shape in this many slots (patch 0010):
+                                          // a lone stream's batches of n and n + 8 tokens share one
 
 }  // namespace
 
@@ -331,6 +335,15 @@ int32_t cost_table::count_at(int32_t n_tokens, int32_t bucket) const {
 double cost_table::steady_cost(int32_t n_tokens, int32_t bucket) const {
     const int32_t i = index_of(n_tokens, bucket);
     return i >= 0 && b_[bucket].steady[i] ? b_[bucket].ms[i] : -1.0;
+}
+
+double cost_table::reference(int32_t n_tokens, int32_t bucket) const {
+    const double steady = steady_cost(n_tokens, bucket);
+    if (steady >= 0.0) {
+        return steady;
+    }
+    const double confirmed = predict_confirmed(b_[std::clamp(bucket, 0, N_BUCKETS - 1)], std::clamp(n_tokens, 1, MAX_T));
+    return confirmed > 0.0 ? confirmed : -1.0;
 }
 
 bool cost_table::measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const {
@@ -671,6 +684,7 @@ struct controller::step_view {
     int32_t n = 0;
     int32_t n_active = 0;
     int32_t bucket = 0;
+    int32_t cells = 0;          // the KV cells the active streams hold before the step
     std::vector<int32_t> free;  // length of a draft that exists at no cost, per stream
     std::vector<int32_t> cap;   // the most each stream may draft now
 };
@@ -696,6 +710,7 @@ controller::step_view controller::view_of(const std::vector<int32_t> & caps, con
         }
     }
     v.bucket = v.n_active > 0 ? cost_table::bucket_of((int32_t) (depth_sum / v.n_active)) : 0;
+    v.cells = (int32_t) std::min(depth_sum, 1e9);
     return v;
 }
 
@@ -800,32 +815,50 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
     // where that is dear, a step that changes the size pays it, so a draft length is left only for one that gains more
     const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
+    // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
+    // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
+    // it gains more than that within the window
     double parts = 0.0;  // the last step_cost's figure by the parts alone
-    auto step_cost = [&](const std::vector<int32_t> & kk) {
+    auto step_cost = [&](const std::vector<int32_t> & kk, double per_step) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
         return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
-               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0);
+               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0) + first_runs_ms(t, v.cells, per_step);
     };
     std::vector<int32_t> best = k;
-    double best_rate = expect / step_cost(k);
+    double best_rate = expect / step_cost(k, expect);
     lone_rate.assign(p_.n_max + 1, 0.0);
+    // a lone stream's rate at the length it drafted at last: where another length is not better by HOLD_MARGIN, it
+    // keeps that one (the hazards of deep positions rest on few drafts: where lengths price alike, their noise alone
+    // would move the choice from step to step)
+    int32_t lone = -1;
+    for (int32_t i = 0; i < v.n && v.n_active == 1; ++i) {
+        lone = active[i] ? i : lone;
+    }
+    const int32_t held = lone >= 0 && !s_[lone].off && last_k_[lone] > 0 && last_k_[lone] == k_prev_[0] ? last_k_[lone] : -1;
+    double held_rate = 0.0;
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
             continue;  // survival ties across positions: keep each stream's rows a prefix
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / step_cost(k);
+        const double rate = expect / step_cost(k, expect);
         if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate.size()) {
             lone_rate[k[r.stream]] = expect / parts;  // (a length whose neighbour measured dear may still be cheap)
+        }
+        if (r.stream == lone && k[r.stream] == held) {
+            held_rate = rate;
         }
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
         }
+    }
+    if (held_rate > 0.0 && best[lone] > 0 && best[lone] != held && best_rate < held_rate * (1.0 + HOLD_MARGIN)) {
+        best[lone] = held;
     }
     return best;
 }
@@ -1100,8 +1133,35 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
     }
 }
 
+int32_t controller::window_of(int32_t cells, int32_t n_tok) {
+    return std::max(0, cells + n_tok - 1) / KV_WINDOW;
+}
+
+int32_t controller::runs_in_window(int32_t n_tok, int32_t window) const {
+    if (n_tok < 0 || n_tok >= (int32_t) size_runs_.size()) {
+        return n_tok >= cost_table::MAX_T ? 2 : 0;  // (prompt-sized batches are not tracked: their graphs are not kept)
+    }
+    return size_runs_[n_tok].window == window ? size_runs_[n_tok].runs : 0;
+}
+
+double controller::first_runs_ms(int32_t n_tok, int32_t cells, double per_step) const {
+    const int32_t window = window_of(cells, n_tok);
+    double owed = 0.0;
+    for (int32_t r = runs_in_window(n_tok, window); r < 2; ++r) {
+        owed += first_seen_[r] ? std::max(0.0, first_ms_[r]) : 0.0;
+    }
+    if (owed <= 0.0) {
+        return 0.0;
+    }
+    const double left = std::max(0, (window + 1) * KV_WINDOW - (cells + n_tok));
+    return owed / (1.0 + left / std::max(1.0, per_step));
+}
+
 bool controller::once_is_enough(int32_t bucket) const {
-    return cold_seen_ && !cold_dear(bucket);
+    // (and a size's first runs in a KV window cheap too: else a size seen only once may have been seen in those)
+    const double plain = plain_step_ms(1, bucket);
+    const double first = (first_seen_[0] ? first_ms_[0] : 0.0) + (first_seen_[1] ? first_ms_[1] : 0.0);
+    return cold_seen_ && !cold_dear(bucket) && !(plain > 0.0 && first > COLD_DEAR * plain);
 }
 
 bool controller::cold_dear(int32_t bucket) const {
@@ -1151,6 +1211,7 @@ struct controller::step_totals {
     int32_t committed = 0;
     int32_t behind = 0;  // the most tokens a drafting stream's drafter had to catch up on
     int32_t bucket = 0;
+    int32_t cells = 0;   // the KV cells the active streams held before the step
     bool timed = false;  // the step verified only (no prompt rows): its costs are a verify's
 };
 
@@ -1180,6 +1241,7 @@ controller::step_totals controller::totals_of(const step_obs & o) const {
         }
     }
     t.bucket = t.n_active > 0 ? cost_table::bucket_of((int32_t) (depth_sum / t.n_active)) : 0;
+    t.cells = (int32_t) std::min(depth_sum, 1e9);
     // a step that also processed prompts (continuous batching) says nothing of verify or overhead costs
     t.timed = o.t_step_ms >= 0.0 && o.t_target_ms >= 0.0;
     return t;
@@ -1189,14 +1251,29 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
     // a batch of the size the two steps before ran is a steady run; one of another size is a one-off, whose extra
     // over the size's steady cost is learnt apart (the cold cost of changing the batch size)
     if (o.t_target_ms >= 0.0) {
-        const bool steady = t.n_tok == tok_prev_[0] && t.n_tok == tok_prev_[1];
-        const double ref = target_.steady_cost(t.n_tok, t.bucket);
+        // (a size's first runs in a KV window are never steady: its graph is built for the window, then captured)
+        const int32_t window = window_of(t.cells, t.n_tok);
+        const int32_t runs = runs_in_window(t.n_tok, window);
+        if (t.n_tok < cost_table::MAX_T) {
+            if ((int32_t) size_runs_.size() <= t.n_tok) {
+                size_runs_.resize(t.n_tok + 1);
+            }
+            size_runs_[t.n_tok] = { window, std::min(runs + 1, 2) };
+            // the graph of a size KEPT_GRAPHS apart is in the same slot: built over by this one
+            for (int32_t n = t.n_tok % KEPT_GRAPHS; n < (int32_t) size_runs_.size(); n += KEPT_GRAPHS) {
+                size_runs_[n].runs = n == t.n_tok ? size_runs_[n].runs : 0;
+            }
+        }
+        const bool steady = runs >= 2 && t.n_tok == tok_prev_[0] && t.n_tok == tok_prev_[1];
+        const double ref = runs < 2 ? target_.reference(t.n_tok, t.bucket) : target_.steady_cost(t.n_tok, t.bucket);
         // a one-off run dearer than COLD_MAX steady runs of its size stalled (a page fault, another process): it
         // says nothing of what changing the batch size costs (a GPU's eager run and capture cost up to about 3)
         if (!steady && ref >= 0.0 && o.t_target_ms - ref <= COLD_MAX * ref) {
             const double excess = o.t_target_ms - ref;
-            cold_ms_ = cold_seen_ ? cold_ms_ + EMA * (excess - cold_ms_) : excess;
-            cold_seen_ = true;
+            double & ms = runs < 2 ? first_ms_[runs] : cold_ms_;
+            bool & seen = runs < 2 ? first_seen_[runs] : cold_seen_;
+            ms = seen ? ms + EMA * (excess - ms) : excess;
+            seen = true;
         }
         target_.observe(t.n_tok, t.bucket, o.t_target_ms, steady);
     }

@@ -9,6 +9,9 @@
 //     streams still drafting);
 //   - an upstream drafter's call (EAGLE3/MTP per token, DFlash/DSpark per block, n-gram lookup);
 //   - the per-step overhead that is neither (rollback, bookkeeping), as the remainder of wall time;
+//   - what a batch size's first two runs in a window of the KV cache cost beyond its steady runs (a GPU builds its
+//     graph for the window, runs it eagerly, then captures it), apart from a change between sizes that ran there -
+//     a size that still owes them is priced by them, spread over the steps left in the window;
 //   - a lone stream's whole step by its draft model's draft length, from steady runs: where a batch change is dear (a
 //     GPU's) the decodes do not add up, and the parts' sum (at a length measured, or the nearest one) is scaled to it;
 //     a try of a longer draft runs long enough there to measure it, one or two positions on.
@@ -83,6 +86,9 @@ public:
     void clear();
     // the size's own cost learnt from steady runs at this depth (no envelope, nothing borrowed), -1 where none
     double steady_cost(int32_t n_tokens, int32_t bucket) const;
+    // what a run of the size should cost: its steady cost, else what the sizes seen at least twice at this depth
+    // predict for it (a size's first runs are judged by it), -1 where neither
+    double reference(int32_t n_tokens, int32_t bucket) const;
     int32_t count_at(int32_t n_tokens, int32_t bucket) const;  // observations of this size at this depth
 
     // what was learnt, to seed a later session on the same machine
@@ -304,6 +310,22 @@ private:
     // dear for good
     double cold_ms_ = 0.0;
     bool cold_seen_ = false;
+    // a batch's graph is built for the KV cache's window (llama pads its view to 256 cells): in a window a size's
+    // first two runs cost more than the cold runs above (on a GPU its graph is built and run eagerly, then captured),
+    // and a change between sizes that ran there twice costs only a cold run. Learnt apart, and a size that still owes
+    // them is priced by them, spread over the steps left in the window
+    struct size_runs {
+        int32_t window = -1;
+        int32_t runs = 0;  // in that window, at most 2
+    };
+    std::vector<size_runs> size_runs_;   // by target batch size
+    double first_ms_[2] = { 0.0, 0.0 };  // a size's first and second run in a window, beyond its steady cost
+    bool first_seen_[2] = { false, false };
+    static int32_t window_of(int32_t cells, int32_t n_tok);  // cells: the KV cells in use before the batch
+    int32_t runs_in_window(int32_t n_tok, int32_t window) const;
+    // what the runs a size still owes in the window of a batch after `cells` cost, per step over the steps left in
+    // the window at `per_step` tokens a step
+    double first_runs_ms(int32_t n_tok, int32_t cells, double per_step) const;
     int32_t tok_prev_[2] = { 0, 0 };  // the target batch sizes of the last two steps (0: none, or a prompt's)
     std::vector<int32_t> last_k_;
     int32_t last_bucket_ = 0;

@@ -35,12 +35,12 @@ CASES = {
     # 128-token traces of a drafter that catches up in passes of 8, 4, 2, 1 (the GPU default since then), ceiling 15 on
     # the 35B as measured; bounds: the replay's figures less about 0.02
     "h200-27b-dflash2-d0-n128-passes.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.95, 0.8: 0.96, 0.9: 0.98}),
-    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.95, 0.8: 0.93, 0.9: 1.07}),
+    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.88, 0.8: 0.93, 0.9: 1.01}),
     # 128-token traces of the seventh version (a probe's switch cost over 24 steps), its arms only; bounds: the lower of
     # the replay's figure and its mean over 4 seeds, less 0.02
     "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
     "h200-35b-a3b-dflash-d0-n128-switch24.json.gz": (15, (3,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.94, 0.8: 0.99, 0.9: 1.06}),
-    "h200-27b-dflash2-d0-n128-switch24.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.95, 0.8: 0.97, 0.9: 0.94}),
+    "h200-27b-dflash2-d0-n128-switch24.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.95, 0.8: 0.94, 0.9: 0.94}),
     "h200-27b-dflash2-d4096-n128-switch24.json.gz": (7, (3, 5), {0.0: 0.94, 0.3: 0.95, 0.6: 0.97, 0.8: 1.02, 0.9: 1.11}),
     # the eighth version's 7B trace (with the adaptive arm's lengths 2-7, whole steps measured): the same rule
     "h200-7b-draft-d0-n128-v8.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.95, 0.8: 0.95, 0.9: 0.95}),
@@ -51,17 +51,26 @@ CASES = {
     # the 35B-A3B with every expert on the CPU (two calls' traces, 64 tokens) - a cell it still misses on the GPU
     # (0.96 of plain at natural acceptance, 0.94 of n3 at p 0.9), bounded where it stands. Bounds: the same rule
     "h200-7b-draft-d0-n128-v9.json.gz": (8, (2, 4), {0.0: 0.99, 0.3: 1.0, 0.6: 0.96, 0.8: 0.97, 0.9: 0.96}),
-    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.91, 0.3: 0.9, 0.6: 0.9, 0.8: 0.94, 0.9: 0.93}),
+    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.89, 0.3: 0.9, 0.6: 0.9, 0.8: 0.94, 0.9: 0.93}),
     # with graphs kept by shape (patch 0010: a change of batch size 0.8-1.3 ms cheaper on the 35B-A3B and the 27B),
     # 64 tokens, the single-graph arms left out of the trace. Bounds: the same rule
-    "h200-35b-a3b-dflash-d0-graphs.json.gz": (15, (3, 7), {0.0: 0.98, 0.3: 0.99, 0.6: 0.99, 0.8: 0.96, 0.9: 0.94}),
+    "h200-35b-a3b-dflash-d0-graphs.json.gz": (15, (3, 7), {0.0: 0.98, 0.3: 0.96, 0.6: 0.99, 0.8: 0.96, 0.9: 0.85}),
     "h200-27b-dflash2-d0-graphs.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.97, 0.9: 0.97}),
     # with a small batch's graph in a scheduler of its own (a change between sizes that ran before costs ~0.1 ms; a
     # size's first two runs, eager then captured, still cost about two steps more), 64 tokens, the -gs and -g1 arms
     # left out of the trace. Bounds: the same rule
-    "h200-35b-a3b-dflash-d0-sched.json.gz": (15, (3, 7), {0.0: 1.0, 0.3: 1.0, 0.6: 0.97, 0.8: 0.93, 0.9: 0.96}),
+    "h200-35b-a3b-dflash-d0-sched.json.gz": (15, (3, 7), {0.0: 1.0, 0.3: 1.0, 0.6: 0.97, 0.8: 0.93, 0.9: 0.84}),
     "h200-27b-dflash2-d0-sched.json.gz": (7, (3, 5, 7), {0.0: 0.98, 0.3: 0.97, 0.6: 0.94, 0.8: 0.97, 0.9: 0.97}),
     "h200-7b-draft-d0-n128-sched.json.gz": (8, (2, 4), {0.0: 0.99, 0.3: 0.99, 0.6: 0.96, 0.8: 0.95, 0.9: 0.93}),
+    # the controller that prices a size's first runs in a KV window (and holds its length against small differences),
+    # 64 tokens: the 35B-A3B's trace has its batch of 9 at 14.3 ms (8.4 for 8). Bounds: the same rule.
+    # Since this version the replay prices a size's first two runs in a KV window and in a graph slot apart (see
+    # pyllamaspec.bench.replay), and every prompt starts at the trace's depth: bounds that broke were lowered by the
+    # rule - the 35B-A3B's at p 0.9 to 0.84-0.85, where its ceiling of 15 meets sizes 9-16 the traces never ran in a
+    # row: the replay prices them on the line through 1-8 (no cliff at 9, which the GPU has) and the controller goes
+    # long into batches that share slots with 1-8 (on the H200 itself this version ran that cell at 0.97 of n7)
+    "h200-35b-a3b-dflash-d0-window.json.gz": (15, (3, 7), {0.0: 0.95, 0.3: 0.95, 0.6: 0.98, 0.8: 0.86, 0.9: 0.84}),
+    "h200-27b-dflash2-d0-window.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.95, 0.9: 0.97}),
 }
 
 
@@ -123,6 +132,20 @@ def test_a_feature_reading_drafters_probe_after_plain_steps_does_not_price_its_d
             if r:
                 off, steps = off + res.k_hist.get(0, 0), steps + res.steps
         assert off <= 0.35 * steps, (seed, off / steps)
+
+
+def test_a_sizes_first_runs_in_a_kv_window_and_graph_slot_are_priced_apart():
+    graphs: dict = {}
+    assert [replay._run_in_window(graphs, 6, d) for d in (40, 46, 52, 58)] == [0, 1, 2, 2]
+    assert replay._run_in_window(graphs, 6, 300) == 0  # a window of 256 cells further: its graph built again
+    assert replay._run_in_window(graphs, 6, 306) == 1
+    replay._run_in_window(graphs, 14, 312)  # 14 and 6 share a graph slot: 6's graph is built over
+    assert replay._run_in_window(graphs, 6, 330) == 0
+    # on the H200 a size's first two runs cost tens of ms more than its steady runs, and the replay prices them so
+    model = replay.CostModel.from_arms(trace.load(TRACES / "h200-27b-dflash2-d0-window.json.gz"), depth=0)
+    first = [statistics.median(v) - model._steady_median(n) for (n, b), v in model.target.items() if b == 3]
+    warm = [statistics.median(v) - model._steady_median(n) for (n, b), v in model.target.items() if b == 0]
+    assert statistics.median(first) > 8.0 > 1.0 > statistics.median(warm)
 
 
 def test_acceptance_is_a_property_of_the_position_the_same_for_every_arm():

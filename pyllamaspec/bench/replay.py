@@ -1,8 +1,9 @@
 """Replay: the draft-length controller against step costs recorded on a machine, with scripted acceptance.
 
 A trace (``pyllamaspec.bench.trace``, recorded by ``benchmarks/step_cost.py --trace``) says what every step of
-every arm cost on the machine it ran on: the target batch by its size and by how many steps before ran the same
-size (a GPU runs a new batch shape eagerly, then captures it, then replays it), the drafter's call, the rest. A
+every arm cost on the machine it ran on: the target batch by its size, by whether it was the size's first or second
+run in its KV window and graph slot (a GPU builds a size's graph for the window and runs it eagerly, then captures
+it), else by how many steps before ran the same size; the drafter's call; the rest. A
 ``CostModel`` keeps those costs as samples; ``simulate`` runs plain decoding, fixed draft lengths and the adaptive
 controller (the native one, through ``pyllamaspec.controller``) through them, each step's cost drawn from what that
 machine measured for such a step, acceptance drawn by position from a scripted process (Bernoulli, bursts, content
@@ -31,8 +32,51 @@ KIND_OF_SPEC = {"draft-simple": "model", "draft-eagle3": "autoregressive", "draf
                 "draft-dflash": "block", "draft-dspark": "block"}
 
 
+KV_WINDOW = 256  # llama pads the KV cache's view to this many cells: a batch's graph is built for one window of it
+KEPT_GRAPHS = 8  # a context keeps a graph per batch shape in this many slots: sizes n and n + 8 share one
+
+
 def _age_bucket(age: int) -> int:
     return min(age, 2)  # 0: the size did not run in the step before; 1: it ran once before; 2: steady
+
+
+def _window_bucket(runs: int, age: int) -> int:
+    """A step's cost class: 3 (4) the first (second) run of its batch size in this KV window - a GPU builds the
+    size's graph for the window and runs it eagerly, then captures it - else its age bucket."""
+    return 3 + runs if runs < 2 else _age_bucket(age)
+
+
+_FIRST_RUN_DEAR = 1.25  # a size's first run in a trace above this many times its steady cost was a first run
+
+
+def _steady_targets(arms: Sequence[dict], depth: int | None) -> dict:
+    """Median target cost by batch size over the steps whose two steps before ran the same size."""
+    out: dict = {}
+    for a in arms:
+        if depth is not None and a["setup"]["depth"] != depth:
+            continue
+        for rnd in a["rounds"]:
+            prev: list[int] = []
+            for s in rnd:
+                if s["n_active"] != 1 or s["n_prompt"]:
+                    prev = []
+                    continue
+                if prev[-2:] == [s["n_tokens"]] * 2:
+                    out.setdefault(s["n_tokens"], []).append(s["t_target"])
+                prev.append(s["n_tokens"])
+    return {n: statistics.median(v) for n, v in out.items()}
+
+
+def _run_in_window(graphs: dict, n: int, depth: int) -> int:
+    """Runs of batch size n in the KV window of a batch at this depth before this one (0, 1 or 2: twice or more),
+    counting this one in `graphs` (size -> (window, runs)), a session's record of the graphs it built."""
+    window = (depth + n - 1) // KV_WINDOW
+    w, runs = graphs.get(n, (-1, 0))
+    runs = runs if w == window else 0
+    for m in [m for m in graphs if m % KEPT_GRAPHS == n % KEPT_GRAPHS]:
+        graphs[m] = (-1, 0)  # the same slot: built over by this size's graph
+    graphs[n] = (window, min(runs + 1, 2))
+    return runs
 
 
 @dataclass
@@ -41,7 +85,7 @@ class CostModel:
 
     kind: str
     depth: int
-    target: dict = field(default_factory=dict)       # (n_tokens, age bucket) -> [ms], sessions with a drafter
+    target: dict = field(default_factory=dict)       # (n_tokens, cost class) -> [ms], sessions with a drafter
     first: list = field(default_factory=list)         # a generation's first step (after its prompt) -> [ms]
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
     plain_first: list = field(default_factory=list)
@@ -59,12 +103,14 @@ class CostModel:
         m = cls(kind=kinds.pop() if len(kinds) == 1 else "model",
                 depth=depth if depth is not None else arms[0]["setup"]["depth"])
         behind: list = []
+        steady = _steady_targets(arms, depth)
         for a in arms:
             if depth is not None and a["setup"]["depth"] != depth:
                 continue
             n_max = a["setup"].get("n_max", 0)
             # a DFlash block as long as the step's draft (patch 0007), or the session's n_max + 1 before it
             per_draft = a["setup"].get("dflash_block") == "draft"
+            graphs: dict = {}  # the graphs the arm's session built, across its rounds
             for rnd in a["rounds"]:
                 prev: list[int] = []
                 for i, s in enumerate(rnd):
@@ -72,6 +118,11 @@ class CostModel:
                         prev = []
                         continue
                     n = s["n_tokens"]
+                    runs = _run_in_window(graphs, n, s["depth"])
+                    if runs == 0 and s["t_target"] < _FIRST_RUN_DEAR * steady.get(n, 0.0):
+                        # a size first seen here at its steady cost ran in the arm's warm-up round (not traced)
+                        graphs[n] = (graphs[n][0], 2)
+                        runs = 2
                     if a["arm"] == "plain":
                         (m.plain_first if i == 0 else m.plain).append(s["t_target"])
                     elif i == 0:
@@ -82,7 +133,7 @@ class CostModel:
                             if p != n:
                                 break
                             age += 1
-                        m.target.setdefault((n, _age_bucket(age)), []).append(s["t_target"])
+                        m.target.setdefault((n, _window_bucket(runs, age)), []).append(s["t_target"])
                     prev.append(n)
                     if s["drafted"] > 0 and s["t_draft_call"] > 0:
                         key = s["k"] if per_draft or m.kind == "autoregressive" else n_max
@@ -125,9 +176,10 @@ class CostModel:
         lo, hi = (sizes[j - 1], sizes[j]) if 0 < j < len(sizes) else ((sizes[-2], sizes[-1]) if j else (sizes[0], sizes[1]))
         return med[lo] + (med[hi] - med[lo]) * (n - lo) / (hi - lo)
 
-    def target_ms(self, n: int, age: int, rng: random.Random) -> float:
-        """A target batch of n tokens whose size ran in the `age` steps before (0: a new shape)."""
-        b = _age_bucket(age)
+    def target_ms(self, n: int, age: int, rng: random.Random, runs: int = 2) -> float:
+        """A target batch of n tokens whose size ran in the `age` steps before (0: not in the step before), and
+        `runs` times before in this KV window (0 or 1: its graph's first runs there; 2: twice or more)."""
+        b = _window_bucket(runs, age)
         samples = self.target.get((n, b))
         if samples:
             return rng.choice(samples)
@@ -252,9 +304,12 @@ class ArmResult:
 
 
 def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_predict: int = 64, generations: int = 8,
-             seed: int = 1, controller: Controller | None = None) -> ArmResult:
+             seed: int = 1, controller: Controller | None = None, graphs: dict | None = None) -> ArmResult:
     """One arm over `generations` prompts of n_predict tokens: 'plain', 'nK' (fixed K) or 'adaptive' (the controller,
-    ceiling n_max; pass one to keep what it learnt from an earlier call, as a session's cost cache does)."""
+    ceiling n_max; pass one to keep what it learnt from an earlier call, as a session's cost cache does). Every prompt
+    starts at the model's depth, as a benchmark's do; graphs: the session's record of the batch sizes it ran in
+    each KV window (pass one to keep it across calls, as a session keeps its graphs)."""
+    graphs = {} if graphs is None else graphs
     rng = random.Random(seed)
     fixed = int(arm[1:]) if arm.startswith("n") else 0
     ceiling = fixed if fixed else n_max
@@ -263,18 +318,19 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
         ctl = controller or Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed)
     res = ArmResult(arm)
     for g in range(generations):
-        pos = model.depth + 32 + 1000 * g  # each generation its own stretch of positions (its own prompt)
+        pos = model.depth + 32 + 1000 * g  # each generation its own stretch of acceptance draws (its own prompt)
         if ctl is not None:
             ctl.reset_stream(0)
         produced, prev, pending, t_gen = 0, [], 0, 0.0
         while produced < n_predict:
+            depth = model.depth + 32 + produced  # after a prompt of 32 tokens
             cap = min(ceiling, n_predict - produced - 1)
             if arm == "plain":
                 k = 0
             elif ctl is None:
                 k = max(0, min(fixed, cap))
             else:
-                k = ctl.choose([cap], [pos], [1], [pending if model.kind == "model" else 0])[0]
+                k = ctl.choose([cap], [depth], [1], [pending if model.kind == "model" else 0])[0]
             catchup = 0
             n = k + 1
             age = 0
@@ -282,10 +338,11 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
                 if p != n:
                     break
                 age += 1
+            runs = _run_in_window(graphs, n, depth)
             if arm == "plain":
                 t_target = model.plain_ms(not prev, rng)
             else:
-                t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng)
+                t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng, runs)
             first = rest = call = 0.0
             iters = 0
             if k > 0:
@@ -295,7 +352,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             committed = min(a + 1, n_predict - produced)
             t_step = t_target + first + rest + call + model.rest_ms(rng)
             if ctl is not None:
-                ctl.observe(Observation(k=[k], drafted=[k], accepted=[a], depth=[pos], active=[1], catchup=[catchup],
+                ctl.observe(Observation(k=[k], drafted=[k], accepted=[a], depth=[depth], active=[1], catchup=[catchup],
                                         t_draft_first=first, t_draft_rest=rest, draft_iters=iters, t_draft_call=call,
                                         t_target=t_target, t_step=t_step))
             # a draft model that drafted saw all but a token it never decoded; one that did not falls behind. A
@@ -326,11 +383,12 @@ def grid(model: CostModel, n_max: int, levels: Sequence[float], fixed: Sequence[
         arms = ["plain"] + [f"n{k}" for k in fixed] + ["adaptive"]
         per = {a: [] for a in arms}
         ctl = Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed) if warm else None
+        graphs: dict = {a: {} for a in arms}  # each arm's session keeps its graphs across rounds
         for r in range(rounds + (1 if warm else 0)):
             acc = Acceptance.bernoulli(level, seed=seed * 1000 + r)
             for a in arms:
                 res = simulate(model, a, acc, n_max, n_predict=n_predict, generations=generations, seed=seed + r,
-                               controller=ctl if a == "adaptive" else None)
+                               controller=ctl if a == "adaptive" else None, graphs=graphs[a] if warm else None)
                 if not warm or r > 0:
                     per[a].append(res.ms_per_token)
         out[level] = per
