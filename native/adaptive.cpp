@@ -819,16 +819,16 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
     // it gains more than that within the window
     double parts = 0.0;  // the last step_cost's figure by the parts alone
-    auto step_cost = [&](const std::vector<int32_t> & kk, double per_step) {
+    auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
         return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
-               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0) + first_runs_ms(t, v.cells, per_step);
+               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0) + first_runs_ms(t, v.cells, expect);
     };
     std::vector<int32_t> best = k;
-    double best_rate = expect / step_cost(k, expect);
+    double best_rate = expect / step_cost(k);
     lone_rate.assign(p_.n_max + 1, 0.0);
     // a lone stream's rate at the length it drafted at last: where another length is not better by HOLD_MARGIN, it
     // keeps that one (the hazards of deep positions rest on few drafts: where lengths price alike, their noise alone
@@ -845,7 +845,7 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / step_cost(k, expect);
+        const double rate = expect / step_cost(k);
         if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate.size()) {
             lone_rate[k[r.stream]] = expect / parts;  // (a length whose neighbour measured dear may still be cheap)
         }
