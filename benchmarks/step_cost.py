@@ -17,6 +17,7 @@ its logits, where the default samples greedy rows on a GPU that holds the target
 (plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none); and with -g1
 (sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
 and with -gs (sweep-gs): graphs kept by shape, all in the context's one scheduler (LLAMA_GRAPH_CACHE_SCHED=0);
+and with -kvN (plain-kv256, adaptive7-kv1024): the KV cache's view grows in steps of N cells (kv_window);
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -84,6 +85,11 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         # the same arm with every row sampled on the host from its logits (no backend sampling)
         cfg = arm_config(arm[:-len(HOST)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
         return None if cfg is None else dataclasses.replace(cfg, backend_sampling=False)
+    kv = re.fullmatch(r"(.+)-kv(\d+)", arm)
+    if kv:
+        # the same arm with the KV cache's view growing in steps of N cells (a GPU's default is 1024, llama's 256)
+        cfg = arm_config(kv.group(1), n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        return None if cfg is None else dataclasses.replace(cfg, kv_window=int(kv.group(2)))
     ring = re.fullmatch(r"(.+)-ring(\d+)", arm)
     if ring:
         # the same arm with a snapshot ring of N states per sequence (a hybrid target; 0: none, rollback by checkpoint)
@@ -260,7 +266,8 @@ def main(argv=None) -> int:
                 traces.append({"arm": arm, "setup": {"target": str(target_path), "drafter": str(drafter_path),
                                                       "spec_type": spec_name, "depth": depth, "synthetic_acceptance": level or None,
                                                       "n_max": sessions[arm].config.n_max, "adaptive": sessions[arm].config.adaptive,
-                                                      "n_cpu_moe": args.n_cpu_moe, "dflash_block": "draft"},
+                                                      "n_cpu_moe": args.n_cpu_moe, "dflash_block": "draft",
+                                                      "kv_window": sessions[arm].info.kv_window},
                                "rounds": rounds})
             for s in sessions.values():
                 s.close()

@@ -37,6 +37,9 @@ constexpr int32_t STEADY_FIRST = 4;        // a draft model's first decode right
 constexpr int32_t OWED_RUN_MAX = 4;        // probes in a row to price drafting, at most
 constexpr double PROBE_PAYS_MARGIN = 1.02; // a probe turns drafting on where it would gain more than this
 constexpr int32_t NEW_PROMPT_GAP_MAX = 32; // first probe interval of a new prompt, at most
+constexpr double PROBE_EXCESS_RATE = 0.25; // a probe's measured cost follows the latest probes at this rate
+constexpr double PROBE_CREDIT_MAX = 2.0;   // a stream off saves up for this many probes at most
+constexpr int32_t ISO_WEIGHT_MAX = 16;     // a size's runs weigh this much at most in the monotone fit of a cost table
 constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
 // a stream turned on by a probe is expected to draft this long, at least (at 8, a GPU's switch cost kept probes that
 // landed every token at p 0.6 from turning drafting on: replayed on the 35B-A3B's trace, 10 of 24 sessions trapped)
@@ -53,7 +56,6 @@ constexpr int32_t WHOLE_MIN = 6;
 constexpr int32_t EXPLORE_RUN = 12;
 constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
 constexpr double HOLD_MARGIN = 0.03;      // a lone stream leaves its draft length for one priced better by this
-constexpr int32_t KV_WINDOW = 256;        // llama pads the KV cache's view to this many cells: a graph serves one window
 constexpr int32_t KEPT_GRAPHS = 8;        // a context keeps a graph per batch shape in this many slots (patch 0010):
                                           // a lone stream's batches of n and n + 8 tokens share one
 
@@ -133,7 +135,7 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
     rebuild(b);
 }
 
-void cost_table::rebuild(bucket_data & b) {
+void cost_table::rebuild(bucket_data & b) const {
     // a size seen in one-off runs only is held to the line through the sizes measured in steady runs (where two
     // are): what it costs in a run of its own, not what its first runs after other sizes paid
     b.eff = b.ms;
@@ -166,11 +168,37 @@ void cost_table::rebuild(bucket_data & b) {
             b.eff[j] = std::min(b.ms[j], std::max(0.0, line));
         }
     }
-    b.env.resize(b.ms.size());
-    double run = 0.0;
-    for (size_t j = 0; j < b.ms.size(); ++j) {
-        run = std::max(run, b.eff[j]);
-        b.env[j] = run;
+    b.env.resize(b.eff.size());
+    if (!pooled) {
+        double run = 0.0;
+        for (size_t j = 0; j < b.eff.size(); ++j) {
+            run = std::max(run, b.eff[j]);
+            b.env[j] = run;
+        }
+        return;
+    }
+    // adjacent sizes that disagree pooled, weighted by their runs (isotonic regression)
+    struct pool {
+        double sum, w;
+        size_t n;
+    };
+    std::vector<pool> pools;
+    for (size_t j = 0; j < b.eff.size(); ++j) {
+        const double w = std::min<double>(std::max(b.count[j], 1), ISO_WEIGHT_MAX);
+        pools.push_back({ b.eff[j] * w, w, 1 });
+        while (pools.size() > 1 && pools[pools.size() - 2].sum / pools[pools.size() - 2].w > pools.back().sum / pools.back().w) {
+            const pool last = pools.back();
+            pools.pop_back();
+            pools.back().sum += last.sum;
+            pools.back().w += last.w;
+            pools.back().n += last.n;
+        }
+    }
+    size_t j = 0;
+    for (const pool & q : pools) {
+        for (size_t e = 0; e < q.n; ++e) {
+            b.env[j++] = q.sum / q.w;
+        }
     }
 }
 
@@ -422,6 +450,7 @@ void hazard_counts::add(int32_t n_drafted, int32_t n_accepted) {
 controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
     p_.n_max = std::max(0, p_.n_max);
     p_.n_streams = std::max(1, p_.n_streams);
+    p_.kv_window = std::max(1, p_.kv_window);
     s_.resize(p_.n_streams);
     for (auto & s : s_) {
         s.h_src[0].resize(std::max(1, p_.n_max));
@@ -429,6 +458,10 @@ controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
     }
     pool_[0].resize(std::max(1, p_.n_max));
     pool_[1].resize(std::max(1, p_.n_max));
+    // a drafter's call (a DFlash block, an n-gram lookup) may cost about the same at every length: its noisiest length
+    // must not price the others (a running maximum made the 27B's call 5.5 ms at every length, 4.4-5.0 measured, and a fixed
+    // cost per step that dear made a draft of 7 look as good as one of 5, 10% better in fact)
+    draft_call_.pooled = true;
     last_k_.assign(p_.n_streams, 0);
     for (auto & w : whole_) {
         w.assign(p_.n_max + 1, whole_cost{});
@@ -457,10 +490,15 @@ void controller::reset_stream(int32_t stream) {
     s.src = 0;
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
     k_prev_[0] = k_prev_[1] = -1;
+    // and a GPU may run each batch size's graph anew after it (eagerly, then captured: the 27B hybrid on an H200
+    // re-captured every size it ran in the first steps after each prompt, +9-14 ms on 10-21 ms steps): those runs
+    // count as a size's first runs, not as what a change between sizes costs (taken for that, they priced every
+    // change of draft length at two steps, and the loop kept the length it had)
+    std::fill(size_runs_.begin(), size_runs_.end(), size_runs{});
     s.explore_left = 0;
     s.probing = false;
     // (a second reset before any step - a session resets its streams, then starts the prompt's - changes nothing)
-    if ((s.off || s.resume_gap > 0) && cold_dear(last_bucket_) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
+    if ((s.off || s.resume_gap > 0) && probes_dear(last_bucket_) && probe_gap_budget(stream, last_bucket_) > NEW_PROMPT_GAP_MAX) {
         // probes are dear here (a GPU's cold batches): the new prompt is judged by what the streams' drafts showed so
         // far (turned on at once where that says it pays), and if it stays off its probes keep their schedule -
         // at the rate the probe budget allows however short the prompts are
@@ -768,7 +806,17 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
         int32_t len = s.gap > 0 || v.cap[i] <= 0 ? 0
                       : s.repeat_k > 0         ? std::min(v.cap[i], s.repeat_k)
                                                : probe_len(i, v.cap[i], v.bucket, v.free, v.n_active == 1);
+        const bool measuring = s.repeat_k > 0 || len > PROBE_K || !target_.measured_for(1 + PROBE_K, v.bucket, 2);
         s.repeat_k = 0;
+        const double cost = probe_seen_[v.bucket] > 0 ? probe_fixed_ms(0.0, v.bucket) : 0.0;
+        if (v.n_active == 1 && cold_dear(v.bucket) && cost > 0.0) {
+            s.probe_credit = std::min(s.probe_credit + PROBE_BUDGET * plain_step_ms(1, v.bucket), PROBE_CREDIT_MAX * cost);
+            // (a stream just turned off, or at a new prompt's first probes, probes on its schedule: the budget holds
+            // back the probes of one that stayed off, whose gap grew past a new prompt's)
+            if (len > 0 && !measuring && !s.hopeful && s.gap_len > NEW_PROMPT_GAP_MAX && s.probe_credit < cost) {
+                continue;  // due, but the budget has not earned it yet: the next step asks again
+            }
+        }
         if (len == PROBE_K && s.k_on > PROBE_K && cold_dear(v.bucket) && target_.measured_for(1 + PROBE_K, v.bucket, 2)) {
             // where a probe's cost is mostly its cold batch (a GPU's), one at the length the stream last drafted at
             // costs little more than a short one, lands more tokens, and says more of its acceptance (once the short
@@ -1133,8 +1181,8 @@ void controller::import_costs(const std::vector<cost_point> & pts) {
     }
 }
 
-int32_t controller::window_of(int32_t cells, int32_t n_tok) {
-    return std::max(0, cells + n_tok - 1) / KV_WINDOW;
+int32_t controller::window_of(int32_t cells, int32_t n_tok) const {
+    return std::max(0, cells + n_tok - 1) / p_.kv_window;
 }
 
 int32_t controller::runs_in_window(int32_t n_tok, int32_t window) const {
@@ -1153,7 +1201,7 @@ double controller::first_runs_ms(int32_t n_tok, int32_t cells, double per_step) 
     if (owed <= 0.0) {
         return 0.0;
     }
-    const double left = std::max(0, (window + 1) * KV_WINDOW - (cells + n_tok));
+    const double left = std::max(0, (window + 1) * p_.kv_window - (cells + n_tok));
     return owed / (1.0 + left / std::max(1.0, per_step));
 }
 
@@ -1169,6 +1217,21 @@ bool controller::cold_dear(int32_t bucket) const {
     return plain > 0.0 && cold_ms() > COLD_DEAR * plain;
 }
 
+bool controller::probes_dear(int32_t bucket) const {
+    // a probe changes the batch size: dear where that costs a cold run, or where its size owes its first runs (a
+    // GPU's graphs kept by shape make a change between sizes that ran cheap, but a probe after plain steps finds
+    // its size new to the window, or to a new prompt, most times)
+    const double plain = plain_step_ms(1, bucket);
+    return cold_dear(bucket) || (plain > 0.0 && first_seen_[0] && first_ms_[0] > COLD_DEAR * plain);
+}
+
+double controller::probe_fixed_ms(double predicted, int32_t bucket) const {
+    // a probe's cost beyond plain decoding: as its steady costs predict it, or as probes measured it here where that
+    // is more (plus the cold run back to plain after it, which no probe's own step holds)
+    const int32_t b = std::clamp(bucket, 0, cost_table::N_BUCKETS - 1);
+    return probe_seen_[b] > 0 ? std::max(predicted, probe_excess_[b] + cold_ms()) : predicted;
+}
+
 int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     // steps between probes for them to cost PROBE_BUDGET of plain decoding, a draft model's catch-up aside
     if (!target_.has_any()) {
@@ -1178,7 +1241,7 @@ int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     act[stream] = 1;
     k[stream] = PROBE_K;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms();
+    const double fixed = probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket);
     return plain > 0.0 ? (int32_t) std::clamp(fixed / (PROBE_BUDGET * plain), (double) GAP_MIN, (double) GAP_MAX) : GAP_MIN;
 }
 
@@ -1190,7 +1253,8 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
     const bool is_free = stream < (int32_t) free.size() && free[stream] > 0;
     const double plain = plain_step_ms(1, bucket);
     // a probe's batch runs cold (its size did not run in the steps before), and so does the plain step after it
-    const double fixed = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms();
+    const double fixed =
+        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms(), bucket);
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = PROBE_BUDGET * plain;
@@ -1414,6 +1478,16 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         }
         s.probing = false;
         counters_.n_probes++;
+        if (t.n_active == 1 && t.timed && k_prev_[1] == 0 && o.t_step_ms > 0.0) {
+            // a lone stream's probe after plain steps: what it cost beyond a plain step (a draft model's catch-up
+            // aside: the schedule prices that by the gap)
+            const double behind = p_.kind == DRAFTER_MODEL && i < (int32_t) o.n_catchup.size()
+                                      ? catchup_token_ms(t.bucket) * std::max(0, o.n_catchup[i] - 1) : 0.0;
+            const double x = std::max(0.0, o.t_step_ms - plain_step_ms(1, t.bucket) - behind);
+            double & e = probe_excess_[t.bucket];
+            e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
+            s.probe_credit = std::max(s.probe_credit - x - cold_ms(), -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
+        }
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
         // one standard error, as its schedule is
@@ -1444,6 +1518,7 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         // better than estimated (few drafts, or near break-even), the next probe comes sooner, not later: a run of
         // bad luck at an acceptance that pays is outweighed within a few probes, not generations
         const bool plausible = cold_dear(t.bucket) && probe_pays(o, t, i, PROBE_HOPE);
+        s.hopeful = plausible;
         s.gap_len = follow     ? 0
                     : owed      ? GAP_MIN
                     : plausible ? std::max(GAP_MIN, s.gap_len / 2)

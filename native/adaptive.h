@@ -99,12 +99,16 @@ public:
 
     double prior_base = 0.0;   // used only while nothing at all was observed
     double prior_slope = 0.25; // relative cost of each extra token in that case
+    // the envelope: the closest non-decreasing fit of the sizes' costs (sizes that disagree pooled, isotonic) rather
+    // than their running maximum - for a cost that hardly grows with the size, whose noisiest small size would set
+    // every larger one's (a DFlash block's call)
+    bool pooled = false;
 
 private:
     struct bucket_data {
         std::vector<int32_t> keys;   // batch sizes seen, ascending
         std::vector<double> ms;      // EMA cost per key
-        std::vector<double> env;     // monotone envelope of ms (running max), rebuilt on change
+        std::vector<double> env;     // monotone envelope of eff (running max, or pooled), rebuilt on change
         std::vector<int32_t> count;  // observations per key
         std::vector<uint8_t> capped; // the first observation was capped (it may have paid a one-time cost)
         std::vector<uint8_t> steady; // learnt from steady runs (else from one-off runs only, or imported)
@@ -119,7 +123,7 @@ private:
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
     // the nearest bucket with at least min_keys sizes (2: the curve predict() borrows for a bucket; -1: none)
     int32_t nearest(int32_t bucket, size_t min_keys) const;
-    static void rebuild(bucket_data & b);
+    void rebuild(bucket_data & b) const;
 };
 
 
@@ -139,6 +143,7 @@ struct controller_params {
     bool adaptive = true;
     uint32_t seed = 1;
     std::vector<int32_t> schedule;  // not adaptive: a fixed cycle of draft lengths (empty: always n_max)
+    int32_t kv_window = 256;        // the target's KV cache view grows in steps of this many cells (a graph serves one)
 };
 
 struct step_obs {
@@ -221,6 +226,11 @@ private:
         int32_t owed_run = 0;      // probes in a row that followed one another to price drafting
         int32_t repeat_k = 0;      // the next probe repeats this draft length (its batch measured in a steady run)
         int32_t resume_gap = 0;    // a new prompt found the stream off: the steps left of its probe interval
+        // where probes are dear (a GPU's: their batches' first runs in a KV window, a drafter's catch-up), what they
+        // may still spend: PROBE_BUDGET of each plain step while off, less each probe's measured cost (a new prompt's
+        // shorter schedule must not raise probing above the budget in long generations)
+        double probe_credit = 0.0;
+        bool hopeful = false;      // the last probe found drafting would pay at an acceptance a standard error better
         int32_t steps = 0;
         int32_t k_on = 0;          // the length it drafted at when it last drafted by choice (not a probe)
         int32_t explore_k = 0;     // a try of a longer draft: its length, and the steps of the run left
@@ -277,6 +287,9 @@ private:
     // a change of batch size is dear here: its cold run costs a good share of a plain step (a GPU's graphs); on a CPU
     // it is not, and the choice ignores it
     bool cold_dear(int32_t bucket) const;
+    // a probe is dear here: a change of batch size is (cold_dear), or a size's first runs in a window are (a new
+    // prompt then keeps its stream's probe schedule)
+    bool probes_dear(int32_t bucket) const;
     bool once_is_enough(int32_t bucket) const;  // a one-off run is as good as a steady one here (cold runs cheap)
     // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in
@@ -321,7 +334,13 @@ private:
     std::vector<size_runs> size_runs_;   // by target batch size
     double first_ms_[2] = { 0.0, 0.0 };  // a size's first and second run in a window, beyond its steady cost
     bool first_seen_[2] = { false, false };
-    static int32_t window_of(int32_t cells, int32_t n_tok);  // cells: the KV cells in use before the batch
+    // what a lone stream's probe step cost beyond a plain step, as measured (its batch's first runs in a new window, a
+    // drafter's catch-up of the features it skipped, its call), by depth bucket; a draft model's catch-up aside, which
+    // the schedule prices by the gap. Its prediction from steady costs misses most of it on a GPU
+    double probe_excess_[cost_table::N_BUCKETS] = {};
+    int32_t probe_seen_[cost_table::N_BUCKETS] = {};
+    double probe_fixed_ms(double predicted, int32_t bucket) const;
+    int32_t window_of(int32_t cells, int32_t n_tok) const;  // cells: the KV cells in use before the batch
     int32_t runs_in_window(int32_t n_tok, int32_t window) const;
     // what the runs a size still owes in the window of a batch after `cells` cost, per step over the steps left in
     // the window at `per_step` tokens a step

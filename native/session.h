@@ -124,6 +124,7 @@ struct pls_session {
     bool greedy = false;                   // temperature 0 and nothing else to apply: verify by argmax
     std::vector<llama_token> eog_tokens;   // masked before every argmax (ignore_eos); empty otherwise
     bool tgt_device_greedy = false;        // greedy streams sample on the target's output device (backend_sampling)
+    int32_t kv_window = 256;               // the target's KV cache view grows in steps of this many cells
     std::vector<llama_sampler *> tgt_chains;  // per sequence: its attached device argmax, nullptr when on the host
     std::string draft_device = "none";
     int32_t drafter_kind = pls::DRAFTER_NONE;

@@ -84,6 +84,7 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
                                                               : (int32_t) llama_n_batch(s->ctx_dft.get());
     out->ring_bytes = s->ring_bytes;
     out->backend_sampling = s->tgt_device_greedy ? 1 : 0;
+    out->kv_window = s->kv_window;
     out->rollback_target = s->rollback_tgt;
     out->rollback_draft = s->rollback_dft;
     out->n_ctx = (int32_t) llama_n_ctx(s->ctx_tgt.get());

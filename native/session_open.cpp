@@ -222,6 +222,29 @@ void check_placement(pls_session & s) {
          (memory ? "; lower n_ctx or n_parallel, or offload fewer layers" : ""));
 }
 
+// the steps in which the target's KV cache view grows (llama pads it to 256 cells by default): a graph serves one
+// view, and a GPU runs a new one eagerly, then captures it - for a 27B target on an H200 4-14 ms a batch size over
+// 10-21 ms steps, every 256 tokens. By default 1024 cells where the target's output layer is on a GPU (attention over up to 1023 more cells
+// costs it little); a CPU's attention pays for every cell, and builds a graph in about a millisecond
+static void set_kv_window(pls_session & s) {
+    int32_t want = s.sp.kv_window;
+    if (want == 0) {
+        ggml_backend_dev_t dev = llama_model_dev_output(s.target->model);
+        want = dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 256 : 1024;
+    }
+    if (want == 256) {
+        return;
+    }
+    if (!llama_set_kv_pad(s.ctx_tgt.get(), (uint32_t) want)) {
+        if (s.sp.kv_window != 0) {
+            fail(PLS_ERR_INVALID, "kv_window=" + std::to_string(want) + ", but the target's memory holds no KV cache " +
+                                  "whose view can grow in other steps; leave kv_window unset");
+        }
+        return;
+    }
+    s.kv_window = want;
+}
+
 void create_contexts(pls_session & s) {
     common_params & c = s.params;
     const auto & types = c.speculative.types;
@@ -235,6 +258,7 @@ void create_contexts(pls_session & s) {
         context_failure("target");
     }
     s.n_rs_seq = (int32_t) llama_n_rs_seq(s.ctx_tgt.get());
+    set_kv_window(s);
     const int32_t n_verify = s.sp.n_parallel * (s.n_max_effective + 1);
     if (speculating && (int32_t) llama_n_batch(s.ctx_tgt.get()) < n_verify) {
         // llama.cpp caps a causal context's batch at n_ctx
@@ -253,6 +277,9 @@ void create_contexts(pls_session & s) {
             context_failure("draft");
         }
         c.speculative.draft.ctx_dft = s.ctx_dft.get();
+        if (s.kv_window != 256) {
+            llama_set_kv_pad(s.ctx_dft.get(), (uint32_t) s.kv_window);  // a drafter without a KV cache keeps none
+        }
         ggml_backend_dev_t dd = s.drafter && llama_model_n_devices(md) > 0 ? llama_model_get_device(md, 0) : nullptr;
         s.draft_device = s.drafter ? pls::device_name(dd) : pls::device_name(nullptr);
     }
@@ -449,6 +476,7 @@ void setup_drafting(pls_session & s) {
     cp.kind = (drafter_kind) s.drafter_kind;
     cp.adaptive = s.sp.adaptive != 0;
     cp.seed = s.sp.seed;
+    cp.kv_window = s.kv_window;
     cp.schedule.assign(s.sp.k_schedule, s.sp.k_schedule + std::clamp(s.sp.n_k_schedule, 0, (int32_t) PLS_MAX_SCHEDULE));
     s.ctl = std::make_unique<controller>(cp);
 }

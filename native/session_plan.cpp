@@ -157,6 +157,9 @@ void validate_params(const pls_session_params & p) {
     range("n_rs_seq", p.n_rs_seq, -1, PLS_MAX_DRAFT);
     range("flash_attn", p.flash_attn, -1, 1);
     range("backend_sampling", p.backend_sampling, -1, 1);
+    if (p.kv_window != 0 && (p.kv_window < 256 || p.kv_window > 65536 || (p.kv_window & (p.kv_window - 1)) != 0)) {
+        bad("kv_window=" + std::to_string(p.kv_window) + " must be a power of two from 256 to 65536 (0: auto)");
+    }
     range("top_k", p.top_k, 0, 1 << 24);
     for (int32_t t : { p.type_k, p.type_v, p.type_k_draft, p.type_v_draft }) {
         const bool ok = t == -1 || t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_Q8_0 ||

@@ -426,6 +426,10 @@ class SessionConfig:
     # row's token comes back instead of its logits. None: where that device is a GPU; True: wherever the session
     # samples greedily (an error otherwise); False: on the host. Log-probabilities and margins read logits either way
     backend_sampling: bool | None = None
+    # the KV cache's view grows in steps of this many cells (a power of two, 256..65536): a graph serves one view, and
+    # a GPU runs each batch size's new one eagerly, then captures it. None: 1024 where the target's output layer is
+    # on a GPU, else 256 (llama.cpp's)
+    kv_window: int | None = None
     temp: float = 0.0               # <= 0: greedy
     top_k: int = 40
     top_p: float = 0.95
@@ -494,6 +498,11 @@ class SessionConfig:
         for name in ("draft_backend_sampling", "margins", "force_reject", "ignore_eos"):
             _check_bool(owner, name, getattr(self, name))
         _check_bool(owner, "backend_sampling", self.backend_sampling, optional=True)
+        if self.kv_window is not None:
+            _check_int(owner, "kv_window", self.kv_window, 256, 65536, hint=" (a power of two; None: auto)")
+            if self.kv_window & (self.kv_window - 1):
+                raise ConfigError(f"{_field(owner, 'kv_window')}={self.kv_window} must be a power of two from 256 to "
+                                  f"65536 (None: 1024 on a GPU, 256 on a CPU)")
         if self.backend_sampling and self.margins:
             raise ParamError("backend_sampling", "margins=True reads every row's logits on the host: leave "
                                                  "backend_sampling unset (or False) to collect margins")

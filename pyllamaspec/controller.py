@@ -38,18 +38,22 @@ class Observation:
 
 
 class Controller:
-    def __init__(self, n_max: int, n_streams: int = 1, kind: str = "model", adaptive: bool = True, seed: int = 1) -> None:
+    def __init__(self, n_max: int, n_streams: int = 1, kind: str = "model", adaptive: bool = True, seed: int = 1,
+                 kv_window: int = 256) -> None:
         if kind not in DRAFTER_KINDS:
             raise ConfigError(f"kind={kind!r} must be one of {', '.join(DRAFTER_KINDS)}")
         if not 0 <= n_max <= MAX_DRAFT:
             raise ConfigError(f"n_max={n_max} must be within 0..{MAX_DRAFT}")
         if not 1 <= n_streams <= MAX_STREAMS:
             raise ConfigError(f"n_streams={n_streams} must be within 1..{MAX_STREAMS}")
+        if not (256 <= kv_window <= 65536 and kv_window & (kv_window - 1) == 0):
+            raise ConfigError(f"kv_window={kv_window} must be a power of two from 256 to 65536")
         self.n_max, self.n_streams = n_max, n_streams
         self._ffi, self._lib = _native.load()
         ffi = self._ffi
         p = ffi.new("pls_controller_params *")
         p.n_max, p.n_streams, p.drafter_kind, p.adaptive, p.seed = n_max, n_streams, DRAFTER_KINDS[kind], int(adaptive), seed
+        p.kv_window = kv_window
         slot = ffi.new("pls_controller **")
         err = _native.ErrorBuffer(ffi)
         _native.check(self._lib.pls_controller_new(p, slot, err.buf, err.SIZE), err)

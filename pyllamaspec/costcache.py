@@ -81,6 +81,7 @@ def setup_of(session) -> dict:
         "flash_attn": cfg.flash_attn,
         "draft_backend_sampling": cfg.draft_backend_sampling,
         "backend_sampling": info.backend_sampling,
+        "kv_window": info.kv_window,
         "placement": [list(info.target_layers), info.target_head_device, info.draft_device],
         "build": [build.get("version"), build.get("upstream", {}).get("commit"), build.get("backends"),
                   build.get("upstream", {}).get("patches")],

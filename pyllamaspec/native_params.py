@@ -61,6 +61,7 @@ def native_session_params(ffi, config: SessionConfig):
     p.n_rs_seq = -1 if config.n_rs_seq is None else config.n_rs_seq
     p.draft_backend_sampling = int(config.draft_backend_sampling)
     p.backend_sampling = -1 if config.backend_sampling is None else int(config.backend_sampling)
+    p.kv_window = 0 if config.kv_window is None else config.kv_window
     p.collect_margins = int(config.margins)
     p.force_reject = int(config.force_reject)
     p.adaptive = int(config.adaptive)

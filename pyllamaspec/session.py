@@ -175,6 +175,7 @@ class SessionInfo:
     n_threads_batch: int          # and for prompt processing
     catchup_rows: int = 0         # rows a feature-reading drafter takes in per pass after skipped steps (0: none)
     backend_sampling: bool = False  # greedy rows are sampled on the target's output device
+    kv_window: int = 256          # the target's KV cache view grows in steps of this many cells
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,7 @@ class SpecSession(_native.NativeOwner):
             draft_device=ffi.string(o.draft_device).decode(), adaptive=bool(o.adaptive), synthetic=bool(o.synthetic),
             drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"), n_threads=o.n_threads,
             n_threads_batch=o.n_threads_batch, catchup_rows=o.catchup_rows,
-            backend_sampling=bool(o.backend_sampling))
+            backend_sampling=bool(o.backend_sampling), kv_window=o.kv_window)
 
     # -- text helpers ------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Sim:
         self.ffi, self.lib = _native.load()
         p = self.ffi.new("pls_controller_params *")
         p.n_max, p.n_streams, p.drafter_kind, p.adaptive, p.seed = self.n_max, self.n_streams, self.kind, int(self.adaptive), self.seed
+        p.kv_window = self.kv_window
         slot = self.ffi.new("pls_controller **")
         err = _native.ErrorBuffer(self.ffi)
         _native.check(self.lib.pls_controller_new(p, slot, err.buf, err.SIZE), err)
@@ -68,6 +69,8 @@ class Sim:
     seen_shapes: set = field(default_factory=set)
     draft_shape_ms: float = 0.0     # the same for a draft model's first decode of a new size (its catch-ups vary)
     seen_draft_shapes: set = field(default_factory=set)
+    kv_window: int = 256            # the KV cache's view grows in steps of this many cells (the session's kv_window)
+    behind_ms: float = 0.0          # a block drafter's call: per token beyond a steady run's it takes in after k = 0
     window_first_ms: tuple = (0.0, 0.0)  # a size's first and second run in a KV window of 256 cells (a GPU graph built
     window_runs: dict = field(default_factory=dict)  # for the window and run eagerly, then captured): size -> (window, runs)
     cold_ms: float = 0.0            # a target batch of a size none of the 3 steps before ran (a GPU graph run eagerly)
@@ -122,6 +125,8 @@ class Sim:
                              for it in range(1, k_top))
         elif drafting:
             t_call = m.draft_call * (1 + 0.2 * (len(drafting) - 1))
+            # a drafter reading the target's features takes in those of the tokens decoded since it last ran
+            t_call += self.behind_ms * sum(max(0, self.pending[i] - self.n_max - 1) for i in drafting)
         self.drafted_before = bool(drafting) and self.kind == MODEL
         n_tok = sum(ks[i] + 1 for i in range(n) if active[i])
         mean_depth = sum(self.depth[i] for i in range(n) if active[i]) // max(1, sum(active))
@@ -129,7 +134,7 @@ class Sim:
         if n_tok not in self.seen_shapes:
             self.seen_shapes.add(n_tok)
             t_target += self.first_shape_ms
-        window = (sum(self.depth[i] for i in range(n) if active[i]) + n_tok - 1) // 256
+        window = (sum(self.depth[i] for i in range(n) if active[i]) + n_tok - 1) // self.kv_window
         w, runs = self.window_runs.get(n_tok, (-1, 0))
         runs = runs if w == window else 0
         self.window_runs[n_tok] = (window, min(runs + 1, 2))
@@ -601,3 +606,23 @@ def test_plain_decoding_priced_in_a_busier_time_is_measured_again_before_it_weig
     assert all(s.ks[:3] == [[0]] * 3 for s in later)
     # short probes to learn acceptance, as without the dearer price (it drafted throughout at 1.26-1.43x)
     assert sum(s.time_ms for s in later) <= 1.06 * sum(s.plain_ms for s in later)
+
+
+@pytest.mark.parametrize("kv_window", [256, 1024])
+def test_probes_keep_their_budget_where_each_pays_its_batchs_first_runs_in_a_new_kv_window(kv_window):
+    # the 27B hybrid + DFlash2 on an H200 at zero acceptance, generations of 512 tokens: a probe after plain steps is
+    # rare enough to land in a new KV window each time, where its batch's first two runs cost ~20 and ~11 ms more
+    # than its steady 11.5 (plain steps of 10 ms), and the drafter takes in the features of the ~100 tokens it skipped
+    # (~0.09 ms each). Priced by its steady costs a probe looked like 0.6 plain steps; it costs about 3. Probes
+    # learn what they cost, and a stream that stays off probes within the budget (2% of what plain decoding costs; a
+    # new prompt's first probe comes on its schedule, beyond it). The controller before this paid 2.8% here
+    m = Machine(base=10.0, per_token=1.5, draft_call=4.3, overhead=0.05)
+
+    def run(n_max: int) -> float:
+        sim = Sim(m, kind=BLOCK, n_max=n_max, adaptive=n_max > 0, window_first_ms=(20.0, 11.0), kv_window=kv_window,
+                  behind_ms=0.09)
+        return sum(t for _, t in generations(sim, 9, 512, 0.0)[1:])  # the first one learns
+
+    plain = run(0)  # k = 0 throughout: plain steps that pay their batch's first runs in each window too
+    for_probes = run(7) / plain - 1.0
+    assert for_probes <= 0.026, f"probing cost {for_probes:.3f} of plain decoding (kv_window {kv_window})"

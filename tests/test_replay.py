@@ -35,7 +35,8 @@ CASES = {
     # 128-token traces of a drafter that catches up in passes of 8, 4, 2, 1 (the GPU default since then), ceiling 15 on
     # the 35B as measured; bounds: the replay's figures less about 0.02
     "h200-27b-dflash2-d0-n128-passes.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.95, 0.8: 0.96, 0.9: 0.98}),
-    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.88, 0.8: 0.93, 0.9: 1.01}),
+    # (p 0.8 lowered by the rule since probes learn their cost and the call table's envelope is pooled: 0.91-0.95)
+    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.88, 0.8: 0.91, 0.9: 1.01}),
     # 128-token traces of the seventh version (a probe's switch cost over 24 steps), its arms only; bounds: the lower of
     # the replay's figure and its mean over 4 seeds, less 0.02
     "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
@@ -51,7 +52,9 @@ CASES = {
     # the 35B-A3B with every expert on the CPU (two calls' traces, 64 tokens) - a cell it still misses on the GPU
     # (0.96 of plain at natural acceptance, 0.94 of n3 at p 0.9), bounded where it stands. Bounds: the same rule
     "h200-7b-draft-d0-n128-v9.json.gz": (8, (2, 4), {0.0: 0.99, 0.3: 1.0, 0.6: 0.96, 0.8: 0.97, 0.9: 0.96}),
-    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.89, 0.3: 0.9, 0.6: 0.9, 0.8: 0.94, 0.9: 0.93}),
+    # (p 0.8 since probes learn their cost: 0.92-0.94 over 4 seeds, where plain and n3 price alike and the adaptive arm
+    # stays off; the bound lowered by the rule)
+    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.89, 0.3: 0.9, 0.6: 0.9, 0.8: 0.9, 0.9: 0.93}),
     # with graphs kept by shape (patch 0010: a change of batch size 0.8-1.3 ms cheaper on the 35B-A3B and the 27B),
     # 64 tokens, the single-graph arms left out of the trace. Bounds: the same rule
     "h200-35b-a3b-dflash-d0-graphs.json.gz": (15, (3, 7), {0.0: 0.98, 0.3: 0.96, 0.6: 0.99, 0.8: 0.96, 0.9: 0.85}),
@@ -69,7 +72,10 @@ CASES = {
     # rule - the 35B-A3B's at p 0.9 to 0.84-0.85, where its ceiling of 15 meets sizes 9-16 the traces never ran in a
     # row: the replay prices them on the line through 1-8 (no cliff at 9, which the GPU has) and the controller goes
     # long into batches that share slots with 1-8 (on the H200 itself this version ran that cell at 0.97 of n7)
-    "h200-35b-a3b-dflash-d0-window.json.gz": (15, (3, 7), {0.0: 0.95, 0.3: 0.95, 0.6: 0.98, 0.8: 0.86, 0.9: 0.84}),
+    # (p 0.9 lowered by the rule to 0.79 with the same change: the replay's line through sizes 1-8 makes 9-16 look
+    # cheap, and a new prompt now counts as a new window for the sizes' first runs; on the H200 at 512 tokens this
+    # version's cell ran 0.97 of n7)
+    "h200-35b-a3b-dflash-d0-window.json.gz": (15, (3, 7), {0.0: 0.95, 0.3: 0.95, 0.6: 0.98, 0.8: 0.86, 0.9: 0.79}),
     "h200-27b-dflash2-d0-window.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.95, 0.9: 0.97}),
 }
 
@@ -108,6 +114,27 @@ def test_the_controller_keeps_its_bounds_on_recorded_gpu_costs(case):
     assert rows[-1]["adaptive_x_plain"] > 1.5 if "dflash" in name else rows[-1]["adaptive_x_plain"] > 1.1
 
 
+# generations of 512 tokens (kv_window 1 024, the arms of 256 left out): what a user's long answer pays and a 64-token
+# benchmark round never does - a probe rare enough to land where its batch runs anew, sizes re-captured after each
+# prompt. Replayed at 512 tokens, 4 prompts a round; bounds by the same rule
+LONG_CASES = {
+    "h200-27b-dflash2-d0-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.92, 0.8: 0.95, 0.9: 0.98}),
+    "h200-35b-a3b-dflash-d0-long.json.gz": (15, (3, 7), {0.0: 0.94, 0.6: 0.86, 0.8: 0.94, 0.9: 0.94}),
+    "h200-27b-dflash2-d4096-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.93, 0.8: 0.94, 0.9: 0.99}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_CASES))
+def test_the_controller_keeps_its_bounds_over_long_generations(name):
+    n_max, fixed, bounds = LONG_CASES[name]
+    arms = [a for a in trace.load(TRACES / name) if not a["arm"].endswith("-kv256")]
+    model = replay.CostModel.from_arms(arms, depth=arms[0]["setup"]["depth"])
+    assert model.kv_window == 1024
+    rows = replay.summarize(replay.grid(model, n_max, sorted(bounds), fixed, n_predict=512, generations=4, rounds=3))
+    for row in rows:
+        assert row["adaptive_x_best"] >= bounds[row["level"]], (name, row)
+
+
 def test_a_feature_reading_drafters_probe_after_plain_steps_does_not_price_its_drafting():
     # a DFlash drafter takes in the features of every token decoded since it last ran: a probe after 60 plain steps
     # cost 19 ms of drafter on the H200 where a step of a paying run costs 4.7. Priced by its probes, drafting looked
@@ -134,6 +161,10 @@ def test_a_feature_reading_drafters_probe_after_plain_steps_does_not_price_its_d
         assert off <= 0.35 * steps, (seed, off / steps)
 
 
+def model_27b() -> replay.CostModel:
+    return replay.CostModel.from_arms(trace.load(TRACES / "h200-27b-dflash2-d0-window.json.gz"), depth=0)
+
+
 def test_a_sizes_first_runs_in_a_kv_window_and_graph_slot_are_priced_apart():
     graphs: dict = {}
     assert [replay._run_in_window(graphs, 6, d) for d in (40, 46, 52, 58)] == [0, 1, 2, 2]
@@ -141,8 +172,16 @@ def test_a_sizes_first_runs_in_a_kv_window_and_graph_slot_are_priced_apart():
     assert replay._run_in_window(graphs, 6, 306) == 1
     replay._run_in_window(graphs, 14, 312)  # 14 and 6 share a graph slot: 6's graph is built over
     assert replay._run_in_window(graphs, 6, 330) == 0
+    # a session whose KV view grows in steps of 1 024 cells (kv_window) builds the graph again 1 024 cells on
+    wide: dict = {}
+    assert [replay._run_in_window(wide, 6, d, 1024) for d in (40, 300, 700, 1030, 1040)] == [0, 1, 2, 0, 1]
+    # and a plain step in a new window pays what a batch of one's first runs there cost (a trace's plain arm never
+    # leaves its first window)
+    rng, model = random.Random(1), model_27b()
+    first = statistics.mean(model.plain_ms(False, rng, 0) for _ in range(50))
+    steady = statistics.mean(model.plain_ms(False, rng, 2) for _ in range(50))
+    assert first > steady + 5.0, (first, steady)
     # on the H200 a size's first two runs cost tens of ms more than its steady runs, and the replay prices them so
-    model = replay.CostModel.from_arms(trace.load(TRACES / "h200-27b-dflash2-d0-window.json.gz"), depth=0)
     first = [statistics.median(v) - model._steady_median(n) for (n, b), v in model.target.items() if b == 3]
     warm = [statistics.median(v) - model._steady_median(n) for (n, b), v in model.target.items() if b == 0]
     assert statistics.median(first) > 8.0 > 1.0 > statistics.median(warm)

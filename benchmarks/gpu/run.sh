@@ -82,7 +82,7 @@ grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
     python3 -P benchmarks/step_cost.py -m "$m" -md "$d" --arms "$arms" --depth "$depth" --synth "$levels" \
         --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" "$@"
 }
-phase_g27() { phase_synth27 && grid h200-27b-d0 /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
+phase_g27() { phase_synth27 && grid "h200-27b-d0${TAG:-}" /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
 # a feature-reading drafter's catch-up after G plain steps (gapG arms, natural acceptance): 27B + DFlash2, 35B-A3B + DFlash
 phase_catchup() {
     # CATCHUP_ROWS=N: rows per pass of the catch-up (default: the session's, 8 on a GPU)
@@ -99,12 +99,12 @@ phase_g27deep() {  # DEPTHS (default "4096 16384"); ARMS_4K / ARMS_16K narrow on
             16384) arms=${ARMS_16K:-${ARMS:-plain,n3,n7,adaptive7}} ;;
             *) arms=${ARMS:-plain,n3,n7,adaptive7} ;;
         esac
-        grid "h200-27b-d$d" /tmp/m/t27.gguf /tmp/m/d27.gguf "$arms" "$d" "${LEVELS:-0,0.8}" --ubatch 2048 || return 1
+        grid "h200-27b-d$d${TAG:-}" /tmp/m/t27.gguf /tmp/m/d27.gguf "$arms" "$d" "${LEVELS:-0,0.8}" --ubatch 2048 || return 1
     done
 }
 phase_g27d16k() { DEPTHS=16384 ARMS=${ARMS:-plain,n7,adaptive7} phase_g27deep; }  # depth 16384 alone (its prompts take most of a call)
 phase_g35() {
-    phase_synth35 && grid h200-35b-d0 /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
+    phase_synth35 && grid "h200-35b-d0${TAG:-}" /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,n15,adaptive15,sweep}" 0 "${LEVELS:-0,0.6,0.8,0.9}" \
         --sweep-n-max "${SWEEP_MAX:-15}"
 }
 # the cold cost of a batch size the step before did not run (35B-A3B MoE, sweep arm): as built, with llama's graph

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import random
 import statistics
@@ -32,7 +33,7 @@ KIND_OF_SPEC = {"draft-simple": "model", "draft-eagle3": "autoregressive", "draf
                 "draft-dflash": "block", "draft-dspark": "block"}
 
 
-KV_WINDOW = 256  # llama pads the KV cache's view to this many cells: a batch's graph is built for one window of it
+KV_WINDOW = 256  # llama pads the KV cache's view to this many cells by default: a batch's graph serves one window
 KEPT_GRAPHS = 8  # a context keeps a graph per batch shape in this many slots: sizes n and n + 8 share one
 
 
@@ -67,10 +68,10 @@ def _steady_targets(arms: Sequence[dict], depth: int | None) -> dict:
     return {n: statistics.median(v) for n, v in out.items()}
 
 
-def _run_in_window(graphs: dict, n: int, depth: int) -> int:
+def _run_in_window(graphs: dict, n: int, depth: int, kv_window: int = KV_WINDOW) -> int:
     """Runs of batch size n in the KV window of a batch at this depth before this one (0, 1 or 2: twice or more),
     counting this one in `graphs` (size -> (window, runs)), a session's record of the graphs it built."""
-    window = (depth + n - 1) // KV_WINDOW
+    window = (depth + n - 1) // kv_window
     w, runs = graphs.get(n, (-1, 0))
     runs = runs if w == window else 0
     for m in [m for m in graphs if m % KEPT_GRAPHS == n % KEPT_GRAPHS]:
@@ -85,6 +86,7 @@ class CostModel:
 
     kind: str
     depth: int
+    kv_window: int = KV_WINDOW                        # the session's (a trace's setup says; replayed as another)
     target: dict = field(default_factory=dict)       # (n_tokens, cost class) -> [ms], sessions with a drafter
     first: list = field(default_factory=list)         # a generation's first step (after its prompt) -> [ms]
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
@@ -101,7 +103,8 @@ class CostModel:
         """From the arms of trace files (all levels of a depth): every measured step goes into its bucket."""
         kinds = {KIND_OF_SPEC.get(a["setup"].get("spec_type"), "model") for a in arms if a["arm"] != "plain"}
         m = cls(kind=kinds.pop() if len(kinds) == 1 else "model",
-                depth=depth if depth is not None else arms[0]["setup"]["depth"])
+                depth=depth if depth is not None else arms[0]["setup"]["depth"],
+                kv_window=arms[0]["setup"].get("kv_window") or KV_WINDOW)
         behind: list = []
         steady = _steady_targets(arms, depth)
         for a in arms:
@@ -118,7 +121,7 @@ class CostModel:
                         prev = []
                         continue
                     n = s["n_tokens"]
-                    runs = _run_in_window(graphs, n, s["depth"])
+                    runs = _run_in_window(graphs, n, s["depth"], a["setup"].get("kv_window") or KV_WINDOW)
                     if runs == 0 and s["t_target"] < _FIRST_RUN_DEAR * steady.get(n, 0.0):
                         # a size first seen here at its steady cost ran in the arm's warm-up round (not traced)
                         graphs[n] = (graphs[n][0], 2)
@@ -193,10 +196,15 @@ class CostModel:
     def first_ms(self, rng: random.Random) -> float:
         return rng.choice(self.first) if self.first else self.target_ms(1, 0, rng)
 
-    def plain_ms(self, first: bool, rng: random.Random) -> float:
-        """A step of plain decoding in a session without a drafter (no snapshot ring, no features kept)."""
+    def plain_ms(self, first: bool, rng: random.Random, runs: int = 2) -> float:
+        """A step of plain decoding in a session without a drafter (no snapshot ring, no features kept); runs: of a
+        batch of one in this KV window before (0 or 1: its graph's first runs there cost what a drafting session's
+        batch of one paid over its steady cost in its first runs - a trace's plain arm never leaves its window)."""
         samples = (self.plain_first if first else self.plain) or self.plain
-        return rng.choice(samples) if samples else self.target_ms(1, 2, rng)
+        ms = rng.choice(samples) if samples else self.target_ms(1, 2, rng)
+        if runs < 2 and not first:
+            ms += max(0.0, self.target_ms(1, 0, rng, runs) - self._steady_median(1))
+        return ms
 
     def drafter_ms(self, n_max: int, k: int, catchup: int, rng: random.Random) -> tuple[float, float, int, float]:
         """(first decode, further decodes, their count, call) for a draft of k tokens."""
@@ -315,7 +323,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
     ceiling = fixed if fixed else n_max
     ctl = None
     if arm == "adaptive":
-        ctl = controller or Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed)
+        ctl = controller or Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed, kv_window=model.kv_window)
     res = ArmResult(arm)
     for g in range(generations):
         pos = model.depth + 32 + 1000 * g  # each generation its own stretch of acceptance draws (its own prompt)
@@ -338,9 +346,9 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
                 if p != n:
                     break
                 age += 1
-            runs = _run_in_window(graphs, n, depth)
+            runs = _run_in_window(graphs, n, depth, model.kv_window)
             if arm == "plain":
-                t_target = model.plain_ms(not prev, rng)
+                t_target = model.plain_ms(not prev, rng, runs)
             else:
                 t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng, runs)
             first = rest = call = 0.0
@@ -382,7 +390,7 @@ def grid(model: CostModel, n_max: int, levels: Sequence[float], fixed: Sequence[
     for level in levels:
         arms = ["plain"] + [f"n{k}" for k in fixed] + ["adaptive"]
         per = {a: [] for a in arms}
-        ctl = Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed) if warm else None
+        ctl = Controller(n_max, 1, kind=model.kind, adaptive=True, seed=seed, kv_window=model.kv_window) if warm else None
         graphs: dict = {a: {} for a in arms}  # each arm's session keeps its graphs across rounds
         for r in range(rounds + (1 if warm else 0)):
             acc = Acceptance.bernoulli(level, seed=seed * 1000 + r)
@@ -419,10 +427,16 @@ def main(argv=None) -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kv-window", type=int, default=0,
+                    help="replay as if the KV cache's view grew in steps of this many cells (default: the traces')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     arms = [a for p in args.traces for a in tracefile.load(p)]
     model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
+    if args.kv_window:
+        if not (256 <= args.kv_window <= 65536 and args.kv_window & (args.kv_window - 1) == 0):
+            ap.error(f"--kv-window {args.kv_window}: a power of two from 256 to 65536")
+        model = dataclasses.replace(model, kv_window=args.kv_window)
     fixed = [int(x) for x in args.fixed.split(",") if x] or sorted(
         {a["setup"]["n_max"] for a in arms if a["arm"].startswith("n") and a["arm"][1:].isdigit()})
     n_max = args.n_max or max([a["setup"]["n_max"] for a in arms if a["arm"].startswith("adaptive")] or fixed)

@@ -111,6 +111,10 @@ def add_context_flags(parser: argparse.ArgumentParser, *, ctx_size_help: str | N
                        help=f"type of the {whose} cache: {types} (default: {_shown(SessionConfig, name)})")
     g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=list(_FLASH_ATTN), default=None,
                    help="flash attention (default: auto)")
+    g.add_argument("--kv-window", dest="kv_window", type=int, default=None, metavar="N",
+                   help="the KV cache's view grows in steps of N cells, a power of two 256..65536: a GPU captures a "
+                        "batch size's graph again at each step (default: 1024 where the target's output layer is on a "
+                        "GPU, else 256)")
 
 
 def add_speculative_flags(parser: argparse.ArgumentParser, *, per_arm: bool = False) -> None:
@@ -250,7 +254,7 @@ def output_shape_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 _CONTEXT_FLAGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "n_threads_draft", "cache_type_k",
-                  "cache_type_v", "cache_type_k_draft", "cache_type_v_draft")
+                  "cache_type_v", "cache_type_k_draft", "cache_type_v_draft", "kv_window")
 _SPECULATIVE_FLAGS = ("synth_rates", "synth_len", "n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits", "ngram_mod_n_match",
                       "ngram_mod_n_min", "ngram_mod_n_max")
 _SAMPLING_FLAGS = ("temp", "top_k", "top_p", "min_p", "seed", "backend_sampling")

@@ -243,6 +243,10 @@ typedef struct pls_session_params {
      * 0 off, 1 on (PLS_ERR_INVALID where the session's sampling is not greedy). A sequence that asks for
      * log-probabilities, or a session that collects margins, reads raw logits on the host either way */
     int32_t  backend_sampling;
+    /* the KV cache's view of the target (and of a draft model) grows in steps of kv_window cells: a graph built for
+     * one view serves every batch until the cells in use outgrow it (a GPU re-captures its graphs at each step).
+     * 0 = auto (1024 where the target's output layer is on a GPU, else 256), else a power of two 256..65536 */
+    int32_t  kv_window;
 } pls_session_params;
 
 typedef struct pls_session_info {
@@ -271,6 +275,7 @@ typedef struct pls_session_info {
     int32_t n_threads_batch;        /* and for prompt processing */
     int32_t catchup_rows;           /* kept rows a feature-reading drafter takes in per pass (0: no such drafter) */
     int32_t backend_sampling;       /* 1: greedy rows are sampled on the target's output device */
+    int32_t kv_window;              /* the steps in which the target's KV cache view grows (cells) */
 } pls_session_info;
 
 /* How a speculative source is priced: a draft model run by the shim token by token (k = 0 skips it
@@ -480,6 +485,7 @@ typedef struct pls_controller_params {
     int32_t drafter_kind;           /* PLS_DRAFTER_* */
     int32_t adaptive;
     uint32_t seed;
+    int32_t kv_window;              /* the steps in which the target's KV cache view grows (cells); 0 = 256 */
 } pls_controller_params;
 typedef struct pls_step_observation {
     int32_t n_streams;
