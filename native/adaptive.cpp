@@ -806,14 +806,16 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
         int32_t len = s.gap > 0 || v.cap[i] <= 0 ? 0
                       : s.repeat_k > 0         ? std::min(v.cap[i], s.repeat_k)
                                                : probe_len(i, v.cap[i], v.bucket, v.free, v.n_active == 1);
-        const bool measuring = s.repeat_k > 0 || len > PROBE_K || !target_.measured_for(1 + PROBE_K, v.bucket, 2);
+        const bool repeat = s.repeat_k > 0;
         s.repeat_k = 0;
         const double cost = probe_seen_[v.bucket] > 0 ? probe_fixed_ms(0.0, v.bucket) : 0.0;
         if (v.n_active == 1 && cold_dear(v.bucket) && cost > 0.0) {
             s.probe_credit = std::min(s.probe_credit + PROBE_BUDGET * plain_step_ms(1, v.bucket), PROBE_CREDIT_MAX * cost);
             // (a stream just turned off, or at a new prompt's first probes, probes on its schedule: the budget holds
             // back the probes of one that stayed off, whose gap grew past a new prompt's)
-            if (len > 0 && !measuring && !s.hopeful && s.gap_len > NEW_PROMPT_GAP_MAX && s.probe_credit < cost) {
+            // (a probe that measures a cost still owed is not held back)
+            const bool measuring = repeat || len > PROBE_K || !target_.measured_for(1 + PROBE_K, v.bucket, 2);
+            if (len > 0 && !s.hopeful && s.gap_len > NEW_PROMPT_GAP_MAX && s.probe_credit < cost && !measuring) {
                 continue;  // due, but the budget has not earned it yet: the next step asks again
             }
         }

@@ -54,6 +54,14 @@ def _check_int(owner: str, name: str, value: Any, lo: int = INT32_MIN, hi: int =
         raise ConfigError(f"{_field(owner, name)}={value} must be within {lo}..{hi}{hint}")
 
 
+def check_kv_window(value: Any, owner: str = "SessionConfig") -> None:
+    """The steps in which a KV cache's view grows: a power of two from 256 to 65536 cells (what llama can pad to)."""
+    _check_int(owner, "kv_window", value, 256, 65536, hint=" (a power of two; None: auto)")
+    if value & (value - 1):
+        raise ConfigError(f"{_field(owner, 'kv_window')}={value} must be a power of two from 256 to 65536 "
+                          f"(None: 1024 on a GPU, 256 on a CPU)")
+
+
 def _check_float(owner: str, name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
     """A finite number (NaN and infinities are refused; numpy's numbers count) within lo..hi when given."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -499,10 +507,7 @@ class SessionConfig:
             _check_bool(owner, name, getattr(self, name))
         _check_bool(owner, "backend_sampling", self.backend_sampling, optional=True)
         if self.kv_window is not None:
-            _check_int(owner, "kv_window", self.kv_window, 256, 65536, hint=" (a power of two; None: auto)")
-            if self.kv_window & (self.kv_window - 1):
-                raise ConfigError(f"{_field(owner, 'kv_window')}={self.kv_window} must be a power of two from 256 to "
-                                  f"65536 (None: 1024 on a GPU, 256 on a CPU)")
+            check_kv_window(self.kv_window, owner)
         if self.backend_sampling and self.margins:
             raise ParamError("backend_sampling", "margins=True reads every row's logits on the host: leave "
                                                  "backend_sampling unset (or False) to collect margins")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import _native
-from .config import MAX_DRAFT, MAX_STREAMS
+from .config import MAX_DRAFT, MAX_STREAMS, check_kv_window
 from .errors import ConfigError
 
 DRAFTER_KINDS = {"model": 1, "autoregressive": 2, "block": 3, "ngram": 4}
@@ -46,8 +46,7 @@ class Controller:
             raise ConfigError(f"n_max={n_max} must be within 0..{MAX_DRAFT}")
         if not 1 <= n_streams <= MAX_STREAMS:
             raise ConfigError(f"n_streams={n_streams} must be within 1..{MAX_STREAMS}")
-        if not (256 <= kv_window <= 65536 and kv_window & (kv_window - 1) == 0):
-            raise ConfigError(f"kv_window={kv_window} must be a power of two from 256 to 65536")
+        check_kv_window(kv_window, "Controller")
         self.n_max, self.n_streams = n_max, n_streams
         self._ffi, self._lib = _native.load()
         ffi = self._ffi

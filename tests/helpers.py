@@ -126,3 +126,18 @@ TOOLS_STYLE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+def arm_session(target, drafter, d2, arm, **cfg):
+    """A session of one benchmark-style arm: plain, n4 / n8 / adaptive (the draft model), dflash2 (fixed 7) or
+    dflash2-adaptive; cfg: further SessionConfig fields (n_ctx 1024 unless given)."""
+    cfg.setdefault("n_ctx", 1024)
+    if arm == "plain":
+        return SpecSession(target, None, SessionConfig(spec_types=[], **cfg))
+    if arm == "dflash2":
+        return SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", adaptive=False, n_max=7, **cfg))
+    if arm == "dflash2-adaptive":
+        return SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", n_max=7, **cfg))
+    n_max = 4 if arm == "n4" else 8
+    return SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], adaptive=arm == "adaptive",
+                                                      n_max=n_max, **cfg))

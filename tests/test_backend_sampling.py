@@ -10,25 +10,12 @@ import subprocess
 import pytest
 
 from clirun import CLI
-from helpers import PROMPT, STREAM_PROMPTS
+from helpers import PROMPT, STREAM_PROMPTS, arm_session
 
 from pyllamaspec import Model, SessionConfig, SpecSession
 from pyllamaspec.errors import ConfigError, GenerationError, ParamError
 
 N = 48
-
-
-def arm_session(target, drafter, d2, arm, **cfg):
-    cfg.setdefault("n_ctx", 1024)
-    if arm == "plain":
-        return SpecSession(target, None, SessionConfig(spec_types=[], **cfg))
-    if arm == "dflash2":
-        return SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", adaptive=False, n_max=7, **cfg))
-    if arm == "dflash2-adaptive":
-        return SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", n_max=7, **cfg))
-    n_max = 4 if arm == "n4" else 8
-    return SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], adaptive=arm == "adaptive",
-                                                      n_max=n_max, **cfg))
 
 
 @pytest.mark.parametrize("arm", ["plain", "n4", "adaptive", "dflash2", "dflash2-adaptive"])

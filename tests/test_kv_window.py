@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from clirun import CLI
-from helpers import PROMPT
+from helpers import PROMPT, arm_session
 
 from pyllamaspec import SessionConfig, SpecSession
 from pyllamaspec.controller import Controller
@@ -20,21 +20,12 @@ from pyllamaspec.errors import ConfigError
 N = 300  # past the 256 cells of llama's own view: a run at 256 outgrows its first view, one at 1024 does not
 
 
-def _session(target, drafter, d2, arm, **cfg):
-    cfg.setdefault("n_ctx", 2048)
-    if arm == "plain":
-        return SpecSession(target, None, SessionConfig(spec_types=[], **cfg))
-    if arm == "dflash2":
-        return SpecSession(target, d2, SessionConfig(spec_types="draft-dflash", adaptive=False, n_max=7, **cfg))
-    return SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], adaptive=False, n_max=4, **cfg))
-
-
 @pytest.mark.parametrize("arm", ["plain", "n4", "dflash2"])
 def test_the_tokens_do_not_depend_on_the_window(trio, arm):
     kind, target, drafter, d2 = trio
     runs = {}
     for window in (256, 1024, 4096):
-        with _session(target, drafter, d2, arm, kv_window=window, ignore_eos=True) as s:
+        with arm_session(target, drafter, d2, arm, n_ctx=2048, kv_window=window, ignore_eos=True) as s:
             assert s.info.kv_window == window
             runs[window] = s.generate(PROMPT, N)
     assert len(runs[256].tokens) == N
