@@ -45,6 +45,9 @@ constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (
 // landed every token at p 0.6 from turning drafting on: replayed on the 35B-A3B's trace, 10 of 24 sessions trapped)
 constexpr int32_t SWITCH_STEPS = 24;
 constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its cold runs: on a GPU an eager one, then a capture
+// a change between draft lengths is priced over this many steps, which a length chosen holds at the least (replayed
+// on the H200's traces, 8 or 24 left the 35B-A3B drafting 4 where 7 paid in answers of 64 tokens)
+constexpr double SWITCH_SPREAD = 4.0;
 constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
 constexpr double STALL_STEP = 0.125;      // the most one dear run raises a learnt cost by (a share of it)
 constexpr double COLD_MAX = 4.0;          // a one-off run's extra beyond this many steady runs of its size is a stall
@@ -863,7 +866,9 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
 
     // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
-    // where that is dear, a step that changes the size pays it, so a draft length is left only for one that gains more
+    // where that is dear, a step that changes the size pays it once, priced over the few steps a length chosen holds
+    // at the least (priced to the one step, the 27B on an H200 - whose changes between sizes that ran in the window
+    // cost 0.3 ms, a few re-captures among them teaching 2.5 - kept drafting 6 and 7 where 5 was 2-8% faster a token)
     const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
     // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
     // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
@@ -874,20 +879,29 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
         }
+        // (a change to or from plain decoding pays it whole: a stream turned off waits for its probes to turn it on
+        // again - priced over SWITCH_SPREAD steps, the 27B's replay at p 0.6 stayed off for whole answers)
+        const bool plain_side = t == v.n_active || tok_prev_[0] == v.n_active;
         return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
-               (tok_prev_[0] > 0 && t != tok_prev_[0] ? cold : 0.0) + first_runs_ms(t, v.cells, expect);
+               (tok_prev_[0] > 0 && t != tok_prev_[0] ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0) +
+               first_runs_ms(t, v.cells, expect);
     };
     std::vector<int32_t> best = k;
     double best_rate = expect / step_cost(k);
     lone_rate.assign(p_.n_max + 1, 0.0);
     // a lone stream's rate at the length it drafted at last: where another length is not better by HOLD_MARGIN, it
     // keeps that one (the hazards of deep positions rest on few drafts: where lengths price alike, their noise alone
-    // would move the choice from step to step)
+    // would move the choice from step to step). A try of one position more for a single step is not a choice: the
+    // length chosen before it is held (held instead, the 27B + DFlash2 on an H200 at p 0.8 climbed from 5 to 7 a try
+    // at a time, 8% slower a token); a draft model's try runs until its whole step is measured, and is held
     int32_t lone = -1;
     for (int32_t i = 0; i < v.n && v.n_active == 1; ++i) {
         lone = active[i] ? i : lone;
     }
-    const int32_t held = lone >= 0 && !s_[lone].off && last_k_[lone] > 0 && last_k_[lone] == k_prev_[0] ? last_k_[lone] : -1;
+    int32_t held = lone >= 0 && !s_[lone].off && last_k_[lone] > 0 && last_k_[lone] == k_prev_[0] ? last_k_[lone] : -1;
+    if (held > 0 && p_.kind != DRAFTER_MODEL && s_[lone].k_on > 0) {
+        held = s_[lone].k_on;
+    }
     double held_rate = 0.0;
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
@@ -950,6 +964,12 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         const double plain = plain_step_ms(1, v.bucket);
         if (plain > 0.0 && cold > 0.5 * plain) {
             one_in = (uint32_t) std::min(4096.0, one_in * EXPLORE_DEAR * cold / plain);
+        }
+        // and where its size owes its first runs in this KV window (a GPU's graph built, run eagerly, captured): with
+        // a single step's try no longer held, tries every 8 steps paid them window after window
+        const double owed = first_runs_ms(t_next + 1, v.cells, 1e9);
+        if (plain > 0.0 && owed > COLD_DEAR * plain) {
+            one_in = (uint32_t) std::min(4096.0, one_in * EXPLORE_DEAR * owed / plain);
         }
         const int32_t top = std::min(v.cap[i], explore_cap);
         if (s.explore_left > 0 && v.n_active == 1 && s.explore_k > best[i] && s.explore_k <= top) {

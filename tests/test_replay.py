@@ -35,8 +35,9 @@ CASES = {
     # 128-token traces of a drafter that catches up in passes of 8, 4, 2, 1 (the GPU default since then), ceiling 15 on
     # the 35B as measured; bounds: the replay's figures less about 0.02
     "h200-27b-dflash2-d0-n128-passes.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.95, 0.8: 0.96, 0.9: 0.98}),
-    # (p 0.8 lowered by the rule since probes learn their cost and the call table's envelope is pooled: 0.91-0.95)
-    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.88, 0.8: 0.91, 0.9: 1.01}),
+    # (p 0.8 lowered by the rule since probes learn their cost and the call table's envelope is pooled: 0.91-0.95; p 0.9
+    # since a single step's try of a longer draft no longer becomes the length held: 0.99 of n7, where it beat n7 by 1%)
+    "h200-35b-a3b-dflash-d0-n128-passes.json.gz": (15, (3, 7), {0.0: 0.99, 0.3: 0.99, 0.6: 0.88, 0.8: 0.91, 0.9: 0.97}),
     # 128-token traces of the seventh version (a probe's switch cost over 24 steps), its arms only; bounds: the lower of
     # the replay's figure and its mean over 4 seeds, less 0.02
     "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
@@ -118,9 +119,14 @@ def test_the_controller_keeps_its_bounds_on_recorded_gpu_costs(case):
 # benchmark round never does - a probe rare enough to land where its batch runs anew, sizes re-captured after each
 # prompt. Replayed at 512 tokens, 4 prompts a round; bounds by the same rule
 LONG_CASES = {
-    "h200-27b-dflash2-d0-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.92, 0.8: 0.95, 0.9: 0.98}),
-    "h200-35b-a3b-dflash-d0-long.json.gz": (15, (3, 7), {0.0: 0.94, 0.6: 0.86, 0.8: 0.94, 0.9: 0.94}),
-    "h200-27b-dflash2-d4096-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.93, 0.8: 0.94, 0.9: 0.99}),
+    # (raised by the rule where a change between draft lengths came to be priced over SWITCH_SPREAD steps and a single
+    # step's try no longer became the length held: the 27B at p 0.6 from 0.92, the 35B-A3B at p 0.6 / 0.8 / 0.9 from
+    # 0.86 / 0.94 / 0.94, the 27B at 4 096 at p 0.6 from 0.93)
+    "h200-27b-dflash2-d0-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.96, 0.8: 0.95, 0.9: 0.98}),
+    "h200-35b-a3b-dflash-d0-long.json.gz": (15, (3, 7), {0.0: 0.94, 0.6: 0.89, 0.8: 0.97, 0.9: 0.95}),
+    "h200-27b-dflash2-d4096-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.94, 0.8: 0.94, 0.9: 0.99}),
+    # the 27B with n3, n5 and n7 at p 0.6 / 0.8 / 0.9, every arm 512 tokens
+    "h200-27b-dflash2-d0-long4.json.gz": (7, (3, 5, 7), {0.0: 0.95, 0.6: 0.97, 0.8: 0.96, 0.9: 0.97}),
 }
 
 
