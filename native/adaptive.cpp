@@ -64,6 +64,10 @@ constexpr int32_t KEPT_GRAPHS = 8;        // a context keeps a graph per batch s
 
 }  // namespace
 
+bool valid_kv_window(int32_t cells) {
+    return cells >= 256 && cells <= 65536 && (cells & (cells - 1)) == 0;
+}
+
 // ---- cost_table --------------------------------------------------------------------------------
 
 int cost_table::bucket_of(int32_t depth) {

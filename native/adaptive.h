@@ -146,6 +146,9 @@ struct controller_params {
     int32_t kv_window = 256;        // the target's KV cache view grows in steps of this many cells (a graph serves one)
 };
 
+// a step llama can grow a KV cache's view in (patch 0012): a power of two from 256 to 65536 cells
+bool valid_kv_window(int32_t cells);
+
 struct step_obs {
     std::vector<int32_t> k, n_drafted, n_accepted, n_catchup, depth, active;
     std::vector<int32_t> source;  // per stream: 0 the drafter, 1 a free draft (an n-gram lookup beside a draft model)

@@ -70,7 +70,7 @@ extern "C" int32_t pls_controller_new(const pls_controller_params * p, pls_contr
         cp.kind = (drafter_kind) p->drafter_kind;
         cp.adaptive = p->adaptive != 0;
         cp.seed = p->seed;
-        if (p->kv_window != 0 && (p->kv_window < 256 || p->kv_window > 65536 || (p->kv_window & (p->kv_window - 1)) != 0)) {
+        if (p->kv_window != 0 && !pls::valid_kv_window(p->kv_window)) {
             fail(PLS_ERR_INVALID, "controller: kv_window must be 0 (256) or a power of two from 256 to 65536");
         }
         cp.kv_window = p->kv_window != 0 ? p->kv_window : 256;

@@ -224,8 +224,9 @@ void check_placement(pls_session & s) {
 
 // the steps in which the target's KV cache view grows (llama pads it to 256 cells by default): a graph serves one
 // view, and a GPU runs a new one eagerly, then captures it - for a 27B target on an H200 4-14 ms a batch size over
-// 10-21 ms steps, every 256 tokens. By default 1024 cells where the target's output layer is on a GPU (attention over up to 1023 more cells
-// costs it little); a CPU's attention pays for every cell, and builds a graph in about a millisecond
+// 10-21 ms steps, every 256 tokens. By default 1024 cells where the target's output layer is on a GPU (attention
+// over up to 1023 more cells costs it little); a CPU's attention pays for every cell, and builds a graph in about a
+// millisecond
 static void set_kv_window(pls_session & s) {
     int32_t want = s.sp.kv_window;
     if (want == 0) {

@@ -3,6 +3,8 @@
 // (session_open.cpp) and the memory estimate (memory.cpp).
 #include "session_plan.h"
 
+#include "adaptive.h"
+
 #include "speculative.h"
 
 #include <algorithm>
@@ -157,7 +159,7 @@ void validate_params(const pls_session_params & p) {
     range("n_rs_seq", p.n_rs_seq, -1, PLS_MAX_DRAFT);
     range("flash_attn", p.flash_attn, -1, 1);
     range("backend_sampling", p.backend_sampling, -1, 1);
-    if (p.kv_window != 0 && (p.kv_window < 256 || p.kv_window > 65536 || (p.kv_window & (p.kv_window - 1)) != 0)) {
+    if (p.kv_window != 0 && !valid_kv_window(p.kv_window)) {
         bad("kv_window=" + std::to_string(p.kv_window) + " must be a power of two from 256 to 65536 (0: auto)");
     }
     range("top_k", p.top_k, 0, 1 << 24);

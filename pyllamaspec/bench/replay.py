@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..config import check_kv_window
 from ..controller import Controller, Observation
+from ..errors import ConfigError
 from . import trace as tracefile
 
 KIND_OF_SPEC = {"draft-simple": "model", "draft-eagle3": "autoregressive", "draft-mtp": "autoregressive",
@@ -434,8 +436,10 @@ def main(argv=None) -> int:
     arms = [a for p in args.traces for a in tracefile.load(p)]
     model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
     if args.kv_window:
-        if not (256 <= args.kv_window <= 65536 and args.kv_window & (args.kv_window - 1) == 0):
-            ap.error(f"--kv-window {args.kv_window}: a power of two from 256 to 65536")
+        try:
+            check_kv_window(args.kv_window, "")
+        except ConfigError as e:
+            ap.error(f"--kv-window: {e}")
         model = dataclasses.replace(model, kv_window=args.kv_window)
     fixed = [int(x) for x in args.fixed.split(",") if x] or sorted(
         {a["setup"]["n_max"] for a in arms if a["arm"].startswith("n") and a["arm"][1:].isdigit()})
