@@ -143,8 +143,8 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
 }
 
 void cost_table::rebuild(bucket_data & b) const {
-    // a size seen in one-off runs only is held to the line through the sizes measured in steady runs (where two
-    // are): what it costs in a run of its own, not what its first runs after other sizes paid
+    // a size seen in one-off runs only is held to the line through the sizes measured in steady runs: what it costs
+    // in a run of its own, not what its first runs after other sizes paid
     b.eff = b.ms;
     std::vector<size_t> st;
     for (size_t j = 0; j < b.keys.size(); ++j) {
@@ -152,8 +152,12 @@ void cost_table::rebuild(bucket_data & b) const {
             st.push_back(j);
         }
     }
-    if (st.size() >= 2) {
-        const double slope = (b.ms[st.back()] - b.ms[st.front()]) / (double) (b.keys[st.back()] - b.keys[st.front()]);
+    if (!st.empty()) {
+        // (one size measured steady: a smaller one costs at most what it does - the 27B's DFlash2 calls at 2-5, seen
+        // only after plain steps at 5.9-6.1 ms, pooled with its steady run at 6, priced that 0.6 ms dearer than it ran)
+        const double slope = st.size() < 2 ? 0.0
+                                           : (b.ms[st.back()] - b.ms[st.front()]) /
+                                                 (double) (b.keys[st.back()] - b.keys[st.front()]);
         for (size_t j = 0; j < b.keys.size(); ++j) {
             if (b.steady[j]) {
                 continue;
@@ -164,6 +168,9 @@ void cost_table::rebuild(bucket_data & b) const {
                 hi++;
             }
             double line;
+            if (hi == st.size() && st.size() < 2) {
+                continue;  // above the one size measured steady: no line to hold it to
+            }
             if (hi == 0) {
                 line = b.ms[st[0]] - slope * (b.keys[st[0]] - n);
             } else if (hi == st.size()) {
@@ -496,6 +503,7 @@ void controller::reset_stream(int32_t stream) {
     // otherwise still overrides it within some tens of drafts
     s.src = 0;
     tok_prev_[0] = tok_prev_[1] = 0;  // a prompt was processed in between
+    call_prev_ = 0;
     k_prev_[0] = k_prev_[1] = -1;
     // and a GPU may run each batch size's graph anew after it (eagerly, then captured: the 27B hybrid on an H200
     // re-captured every size it ran in the first steps after each prompt, +9-14 ms on 10-21 ms steps): those runs
@@ -869,30 +877,6 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     }
     std::stable_sort(rows.begin(), rows.end(), [](const row & a, const row & b) { return a.surv > b.surv; });
 
-    // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
-    // where that is dear, a step that changes the size pays it once, priced over the few steps a length chosen holds
-    // at the least (priced to the one step, the 27B on an H200 - whose changes between sizes that ran in the window
-    // cost 0.3 ms, a few re-captures among them teaching 2.5 - kept drafting 6 and 7 where 5 was 2-8% faster a token)
-    const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
-    // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
-    // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
-    // it gains more than that within the window
-    double parts = 0.0;  // the last step_cost's figure by the parts alone
-    auto step_cost = [&](const std::vector<int32_t> & kk) {
-        int32_t t = 0;
-        for (int32_t i = 0; i < v.n; ++i) {
-            t += active[i] ? kk[i] + 1 : 0;
-        }
-        // (a change to or from plain decoding pays it whole: a stream turned off waits for its probes to turn it on
-        // again - priced over SWITCH_SPREAD steps, the 27B's replay at p 0.6 stayed off for whole answers)
-        const bool plain_side = t == v.n_active || tok_prev_[0] == v.n_active;
-        return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
-               (tok_prev_[0] > 0 && t != tok_prev_[0] ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0) +
-               first_runs_ms(t, v.cells, expect);
-    };
-    std::vector<int32_t> best = k;
-    double best_rate = expect / step_cost(k);
-    lone_rate.assign(p_.n_max + 1, 0.0);
     // a lone stream's rate at the length it drafted at last: where another length is not better by HOLD_MARGIN, it
     // keeps that one (the hazards of deep positions rest on few drafts: where lengths price alike, their noise alone
     // would move the choice from step to step). A try of one position more for a single step is not a choice: the
@@ -906,6 +890,41 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     if (held > 0 && p_.kind != DRAFTER_MODEL && s_[lone].k_on > 0) {
         held = s_[lone].k_on;
     }
+    // a target batch of another size than the last step's runs cold (on a GPU: eagerly, then its graph is captured):
+    // where that is dear, a step that changes the size pays it once, priced over the few steps a length chosen holds
+    // at the least (priced to the one step, the 27B on an H200 - whose changes between sizes that ran in the window
+    // cost 0.3 ms, a few re-captures among them teaching 2.5 - kept drafting 6 and 7 where 5 was 2-8% faster a token).
+    // A change is priced from the length held: the way back from a try was paid for when the try was taken (priced
+    // again, the try's length kept, as good by its parts, for the rest of the answer)
+    const double cold = cold_dear(v.bucket) ? SWITCH_WEIGHT * cold_ms() : 0.0;
+    const int32_t tok_from = held > 0 && tok_prev_[0] > 0 ? held + 1 : tok_prev_[0];
+    // after a step of plain decoding every draft changes the batch size: that cost decides whether to draft, not how
+    // long - lengths are compared without it (priced into each, a cost as dear as a few steps favoured the longest
+    // draft: the 27B + DFlash2 on an H200 took up 7 after each prompt's first plain steps and held it, where 5 was
+    // 5% better a token)
+    const bool from_plain = tok_from == v.n_active;
+    // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
+    // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
+    // it gains more than that within the window
+    double parts = 0.0;  // the last step_cost's figure by the parts alone
+    auto step_cost = [&](const std::vector<int32_t> & kk, bool with_change) {
+        int32_t t = 0;
+        for (int32_t i = 0; i < v.n; ++i) {
+            t += active[i] ? kk[i] + 1 : 0;
+        }
+        // (a change to or from plain decoding pays it whole: a stream turned off waits for its probes to turn it on
+        // again - priced over SWITCH_SPREAD steps, the 27B's replay at p 0.6 stayed off for whole answers)
+        const bool plain_side = t == v.n_active || from_plain;
+        const bool change = tok_from > 0 && t != tok_from && (with_change || !from_plain);
+        return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
+               (change ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0) + first_runs_ms(t, v.cells, expect);
+    };
+    const std::vector<int32_t> k0 = k;
+    std::vector<int32_t> best = k;
+    const double start_rate = expect / step_cost(k, true);
+    double best_rate = from_plain ? expect / step_cost(k, false) : start_rate;
+    double best_whole = start_rate;  // the best rate of any length with the change from plain decoding
+    lone_rate.assign(p_.n_max + 1, 0.0);
     double held_rate = 0.0;
     for (const row & r : rows) {
         if (k[r.stream] != r.pos) {
@@ -913,17 +932,23 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / step_cost(k);
+        const double rate = expect / step_cost(k, false);
         if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate.size()) {
             lone_rate[k[r.stream]] = expect / parts;  // (a length whose neighbour measured dear may still be cheap)
         }
         if (r.stream == lone && k[r.stream] == held) {
             held_rate = rate;
         }
+        if (from_plain) {
+            best_whole = std::max(best_whole, expect / step_cost(k, true));
+        }
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
         }
+    }
+    if (from_plain && best_whole <= start_rate) {
+        return k0;  // no length pays for leaving plain decoding now
     }
     if (held_rate > 0.0 && best[lone] > 0 && best[lone] != held && best_rate < held_rate * (1.0 + HOLD_MARGIN)) {
         best[lone] = held;
@@ -1386,12 +1411,19 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
                                                                    : t.n_drafting;
             // a drafter that reads the target's features (DFlash, EAGLE3, MTP) first takes in those of the tokens
             // decoded since it last ran: after plain steps (a probe) its call is that much dearer - a cost of the
-            // plain steps before, not of drafting, which priced by it would look too dear to turn back on
+            // plain steps before, not of drafting, which priced by it would look too dear to turn back on. A block
+            // drafter's batch is as long as the draft: a call of another size than the step before's runs its graph
+            // cold (built, run eagerly, captured anew after a prompt) - a one-off, as a target batch of a new size is
+            // (counted in, the 27B's DFlash2 calls after a change of length, 6.0-6.3 ms against 4.7-5.4 in runs, made
+            // drafts of 6 and 7 look as cheap as one of 5 on an H200, where 5 was 3-5% better a token)
             if (t.behind <= p_.n_max + 1) {
-                draft_call_.observe(size, 0, o.t_draft_call_ms);
+                draft_call_.observe(size, 0, o.t_draft_call_ms, p_.kind != DRAFTER_BLOCK || size == call_prev_);
             }
             draft_ms = o.t_draft_call_ms;
+            call_prev_ = t.timed ? size : 0;
         }
+    } else {
+        call_prev_ = 0;
     }
     // a lone stream's whole step at its draft model's draft length: learnt in a steady run (the length of the two steps
     // before) of drafts from the model, caught up as a run is

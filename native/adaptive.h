@@ -349,6 +349,7 @@ private:
     // the window at `per_step` tokens a step
     double first_runs_ms(int32_t n_tok, int32_t cells, double per_step) const;
     int32_t tok_prev_[2] = { 0, 0 };  // the target batch sizes of the last two steps (0: none, or a prompt's)
+    int32_t call_prev_ = 0;           // the drafter's call size in the last step (0: none, or a prompt's step)
     std::vector<int32_t> last_k_;
     int32_t last_bucket_ = 0;
     int32_t steps_ = 0;

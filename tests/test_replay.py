@@ -28,7 +28,9 @@ CASES = {
     # of 4 seeds' 0.938 -> 0.928, for p 0.6 0.867 -> 0.922 on this trace and better at 0.6 on most others; p 0.3: 0.95
     # since the ninth version judges a probe with a standard error's hope - seed 1 1.00 -> 0.975, the mean of 8 seeds
     # 1.003 -> 1.001 - while its p 0.6 went 0.919 -> 0.942 and the bounds that rose with it are raised)
-    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.91, 0.8: 0.95, 0.9: 0.88}),
+    # (p 0.9: 0.84 since the replay prices a DFlash call right after a change of draft length apart, as the GPU measured
+    # it - 0.863 with this version and the last alike; so for the 35B-A3B's switch24 trace at p 0.9, 1.06 -> 1.02)
+    "h200-35b-a3b-dflash-d0.json": (15, (3, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.91, 0.8: 0.95, 0.9: 0.84}),
     # 128-token traces with a sweep arm (every length's steady and cold cost) and probes that caught up after plain steps
     "h200-27b-dflash2-d0-sweep-n128.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.97, 0.9: 0.98}),
     "h200-35b-a3b-dflash-d0-sweep-n128.json.gz": (7, (3, 7), {0.0: 0.97, 0.3: 0.96, 0.6: 0.94, 0.8: 0.98, 0.9: 0.98}),
@@ -41,7 +43,7 @@ CASES = {
     # 128-token traces of the seventh version (a probe's switch cost over 24 steps), its arms only; bounds: the lower of
     # the replay's figure and its mean over 4 seeds, less 0.02
     "h200-7b-draft-d0-n128-switch24.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.98, 0.6: 0.92, 0.8: 0.95, 0.9: 0.96}),
-    "h200-35b-a3b-dflash-d0-n128-switch24.json.gz": (15, (3,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.94, 0.8: 0.99, 0.9: 1.06}),
+    "h200-35b-a3b-dflash-d0-n128-switch24.json.gz": (15, (3,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.94, 0.8: 0.99, 0.9: 1.02}),
     "h200-27b-dflash2-d0-n128-switch24.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.95, 0.6: 0.95, 0.8: 0.94, 0.9: 0.94}),
     "h200-27b-dflash2-d4096-n128-switch24.json.gz": (7, (3, 5), {0.0: 0.94, 0.3: 0.95, 0.6: 0.97, 0.8: 1.02, 0.9: 1.11}),
     # the eighth version's 7B trace (with the adaptive arm's lengths 2-7, whole steps measured): the same rule
@@ -121,12 +123,16 @@ def test_the_controller_keeps_its_bounds_on_recorded_gpu_costs(case):
 LONG_CASES = {
     # (raised by the rule where a change between draft lengths came to be priced over SWITCH_SPREAD steps and a single
     # step's try no longer became the length held: the 27B at p 0.6 from 0.92, the 35B-A3B at p 0.6 / 0.8 / 0.9 from
-    # 0.86 / 0.94 / 0.94, the 27B at 4 096 at p 0.6 from 0.93)
-    "h200-27b-dflash2-d0-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.96, 0.8: 0.95, 0.9: 0.98}),
-    "h200-35b-a3b-dflash-d0-long.json.gz": (15, (3, 7), {0.0: 0.94, 0.6: 0.89, 0.8: 0.97, 0.9: 0.95}),
-    "h200-27b-dflash2-d4096-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.94, 0.8: 0.94, 0.9: 0.99}),
+    # 0.86 / 0.94 / 0.94, the 27B at 4 096 at p 0.6 from 0.93; and where a block drafter's calls after a change of
+    # length came to be priced apart and learnt from runs: the 27B at p 0.8 from 0.95, the 35B-A3B at p 0.6 from 0.89,
+    # the 27B at 4 096 at p 0.8 from 0.94, the 27B's long4 trace at p 0.8 from 0.96)
+    "h200-27b-dflash2-d0-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.96, 0.8: 0.96, 0.9: 0.98}),
+    "h200-35b-a3b-dflash-d0-long.json.gz": (15, (3, 7), {0.0: 0.94, 0.6: 0.98, 0.8: 0.97, 0.9: 0.95}),
+    "h200-27b-dflash2-d4096-long.json.gz": (7, (3, 5), {0.0: 0.95, 0.6: 0.94, 0.8: 0.97, 0.9: 0.99}),
     # the 27B with n3, n5 and n7 at p 0.6 / 0.8 / 0.9, every arm 512 tokens
-    "h200-27b-dflash2-d0-long4.json.gz": (7, (3, 5, 7), {0.0: 0.95, 0.6: 0.97, 0.8: 0.96, 0.9: 0.97}),
+    "h200-27b-dflash2-d0-long4.json.gz": (7, (3, 5, 7), {0.0: 0.95, 0.6: 0.97, 0.8: 0.97, 0.9: 0.97}),
+    # the version that learns a block drafter's call from runs, as measured on the GPU (n5 and n7 at p 0.8 / 0.9)
+    "h200-27b-dflash2-d0-long7.json.gz": (7, (5, 7), {0.8: 0.97, 0.9: 0.97}),
 }
 
 
@@ -165,6 +171,41 @@ def test_a_feature_reading_drafters_probe_after_plain_steps_does_not_price_its_d
             if r:
                 off, steps = off + res.k_hist.get(0, 0), steps + res.steps
         assert off <= 0.35 * steps, (seed, off / steps)
+
+
+def test_a_block_drafters_calls_after_a_change_of_length_price_neither_its_runs_nor_the_length_held():
+    # the 27B + DFlash2 on an H200 at p 0.8, answers of 512 tokens (n5 best, 10% faster a token than n7 in this trace):
+    # a DFlash call right after a change of draft length runs its graph cold, about 1 ms dearer than one in a run. The
+    # controller counted those calls into its call table - and calls of 1-4 tokens, drafted only after plain steps,
+    # pooled with the steady ones - so drafts of 6 and 7 priced as cheap as 5, and whichever length a prompt's first
+    # steps took was held for the answer: the GPU drafted 6 or 7 for whole rounds (0.956 of n5). The replay prices
+    # such calls apart, and the controller learns a block drafter's call from runs of one length
+    arms = trace.load(TRACES / "h200-27b-dflash2-d0-long6.json.gz")
+    model = replay.CostModel.from_arms(arms, depth=0)
+    rng = random.Random(1)
+    cold = statistics.median(model.drafter_ms(7, 7, 4, rng, steady=False)[3] for _ in range(40))
+    in_a_run = statistics.median(model.drafter_ms(7, 7, 4, rng)[3] for _ in range(40))
+    assert cold > in_a_run + 0.5, (cold, in_a_run)
+    from pyllamaspec.controller import Controller
+
+    for seed in (1, 2):  # sessions as the benchmark runs them: a warm-up round, then 3 rounds of 4 prompts
+        ctl = Controller(7, 1, kind=model.kind, adaptive=True, seed=seed, kv_window=model.kv_window)
+        graphs: dict = {"plain": {}, "n5": {}, "n7": {}, "adaptive": {}}
+        ms: dict = {a: [] for a in graphs}
+        hist: dict = {}
+        for r in range(4):
+            acc = replay.Acceptance.bernoulli(0.8, seed=seed * 1000 + r)
+            for a in graphs:
+                res = replay.simulate(model, a, acc, 7, n_predict=512, generations=4, seed=seed + r, graphs=graphs[a],
+                                      controller=ctl if a == "adaptive" else None)
+                if r:
+                    ms[a].append(res.ms_per_token)
+                    for k, n in (res.k_hist.items() if a == "adaptive" else ()):
+                        hist[k] = hist.get(k, 0) + n
+        long = (hist.get(6, 0) + hist.get(7, 0)) / sum(hist.values())
+        best = min(statistics.median(ms[a]) for a in ("plain", "n5", "n7"))
+        assert long <= 0.05, (seed, sorted(hist.items()))
+        assert best / statistics.median(ms["adaptive"]) >= 0.975, (seed, best / statistics.median(ms["adaptive"]))
 
 
 def model_27b() -> replay.CostModel:

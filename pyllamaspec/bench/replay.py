@@ -1,14 +1,14 @@
 """Replay: the draft-length controller against step costs recorded on a machine, with scripted acceptance.
 
-A trace (``pyllamaspec.bench.trace``, recorded by ``benchmarks/step_cost.py --trace``) says what every step of
-every arm cost on the machine it ran on: the target batch by its size, by whether it was the size's first or second
-run in its KV window and graph slot (a GPU builds a size's graph for the window and runs it eagerly, then captures
-it), else by how many steps before ran the same size; the drafter's call; the rest. A
-``CostModel`` keeps those costs as samples; ``simulate`` runs plain decoding, fixed draft lengths and the adaptive
-controller (the native one, through ``pyllamaspec.controller``) through them, each step's cost drawn from what that
-machine measured for such a step, acceptance drawn by position from a scripted process (Bernoulli, bursts, content
-switches) - the same positions for every arm. So the controller can be tuned against GPU costs on any CPU, and CI
-can hold it to bounds.
+A trace (``pyllamaspec.bench.trace``, recorded by ``benchmarks/step_cost.py --trace``) says what every step of every
+arm cost on the machine it ran on: the target batch by its size, by whether it was the size's first or second run in
+its KV window and graph slot (a GPU builds a size's graph for the window and runs it eagerly, then captures it),
+else by how many steps before ran the same size; the drafter's call (a block drafter's right after a change of draft
+length apart: its graph runs cold); the rest. A ``CostModel`` keeps those costs as samples; ``simulate`` runs plain
+decoding, fixed draft lengths and the adaptive controller (the native one, through ``pyllamaspec.controller``)
+through them, each step's cost drawn from what that machine measured for such a step, acceptance drawn by position
+from a scripted process (Bernoulli, bursts, content switches) - the same positions for every arm. So the controller
+can be tuned against GPU costs on any CPU, and CI can hold it to bounds.
 
     python -m pyllamaspec.bench.replay benchmarks/traces/h200-27b-d0.json.gz --levels 0,0.3,0.6,0.8,0.9
 """
@@ -94,6 +94,7 @@ class CostModel:
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
     plain_first: list = field(default_factory=list)
     draft_call: dict = field(default_factory=dict)   # block length - 1 (DFlash) or draft length -> [ms] per drafting step
+    call_cold: dict = field(default_factory=dict)    # DFlash: block length - 1 -> [ms] of calls after a step of another
     call_behind: list = field(default_factory=list)  # (tokens caught up, ms beyond the call's steady cost): after plain steps
     draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
@@ -118,9 +119,10 @@ class CostModel:
             graphs: dict = {}  # the graphs the arm's session built, across its rounds
             for rnd in a["rounds"]:
                 prev: list[int] = []
+                prev_k = 0
                 for i, s in enumerate(rnd):
                     if s["n_active"] != 1 or s["n_prompt"]:
-                        prev = []
+                        prev, prev_k = [], 0
                         continue
                     n = s["n_tokens"]
                     runs = _run_in_window(graphs, n, s["depth"], a["setup"].get("kv_window") or KV_WINDOW)
@@ -145,7 +147,10 @@ class CostModel:
                         # a drafter reading the target's features first takes in those of the tokens decoded since
                         # it last ran: a call after plain steps (a probe) is priced apart, by what it caught up
                         if s["catchup"] <= n_max + 1:
-                            m.draft_call.setdefault(key, []).append(s["t_draft_call"])
+                            # a block as long as the draft: one of another length than the step before's runs its
+                            # graph cold (on a GPU), a one-off priced apart
+                            cold = per_draft and m.kind == "block" and s["k"] != prev_k
+                            (m.call_cold if cold else m.draft_call).setdefault(key, []).append(s["t_draft_call"])
                         else:
                             behind.append((key, s["catchup"], s["t_draft_call"]))
                     if s["drafted"] > 0 and s["t_draft_first"] > 0:
@@ -155,8 +160,11 @@ class CostModel:
                             m.draft_rest_by.setdefault(s["draft_iters"], []).append(s["t_draft_rest"])
                     drafter = s["t_draft_first"] + s["t_draft_rest"] + s["t_draft_call"]
                     m.rest.append(max(0.0, s["t_step"] - s["t_target"] - drafter))
+                    prev_k = s["k"] if s["drafted"] > 0 else 0
         if not m.target:
             raise ValueError("the trace holds no single-stream steps to learn costs from")
+        if m.call_cold and not m.draft_call:
+            m.draft_call, m.call_cold = m.call_cold, {}  # no steady run of any length: the calls as measured
         for key, n, ms in behind:
             if m.draft_call:
                 m.call_behind.append((n, max(0.0, ms - m._call_median(key))))
@@ -208,8 +216,10 @@ class CostModel:
             ms += max(0.0, self.target_ms(1, 0, rng, runs) - self._steady_median(1))
         return ms
 
-    def drafter_ms(self, n_max: int, k: int, catchup: int, rng: random.Random) -> tuple[float, float, int, float]:
-        """(first decode, further decodes, their count, call) for a draft of k tokens."""
+    def drafter_ms(self, n_max: int, k: int, catchup: int, rng: random.Random,
+                   steady: bool = True) -> tuple[float, float, int, float]:
+        """(first decode, further decodes, their count, call) for a draft of k tokens; steady: the step before drafted
+        k too (a block drafter's call of another length than the step before's runs cold)."""
         if self.kind == "model":
             if not self.draft_first:
                 return 0.0, 0.0, 0, 0.0
@@ -225,6 +235,8 @@ class CostModel:
         # a block drafter's block is as long as the draft (patch 0007); an autoregressive one drafts k tokens
         key = k
         extra = self.behind_ms(catchup, n_max, rng)
+        if not steady and self.call_cold:
+            extra += self._call_cold_extra(key, rng)
         calls = self.draft_call.get(key)
         if calls:
             return 0.0, 0.0, 0, rng.choice(calls) + extra
@@ -241,6 +253,12 @@ class CostModel:
         else:
             want = med[near]
         return 0.0, 0.0, 0, rng.choice(self.draft_call[near]) * max(0.1, want / med[near]) + extra
+
+    def _call_cold_extra(self, key: int, rng: random.Random) -> float:
+        """A cold call's cost beyond the steady one: a recorded cold call of this length (or the nearest) less its
+        length's steady median."""
+        near = min(self.call_cold, key=lambda x: abs(x - key))
+        return max(0.0, rng.choice(self.call_cold[near]) - self._call_median(near))
 
     def behind_ms(self, catchup: int, n_max: int, rng: random.Random) -> float:
         """What a feature-reading drafter's call costs beyond its steady one for catching up on `catchup` tokens:
@@ -357,7 +375,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             iters = 0
             if k > 0:
                 catchup = pending
-                first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng)
+                first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng, steady=bool(prev) and prev[-1] == n)
             a = accept.accepted(pos, k)
             committed = min(a + 1, n_predict - produced)
             t_step = t_target + first + rest + call + model.rest_ms(rng)
