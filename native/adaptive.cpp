@@ -153,8 +153,8 @@ void cost_table::rebuild(bucket_data & b) const {
         }
     }
     if (!st.empty()) {
-        // (one size measured steady: a smaller one costs at most what it does - the 27B's DFlash2 calls at 2-5, seen
-        // only after plain steps at 5.9-6.1 ms, pooled with its steady run at 6, priced that 0.6 ms dearer than it ran)
+        // (one size measured steady: a smaller one costs at most what it does - the 27B's DFlash2 calls of 1-4 tokens,
+        // drafted only after plain steps at 5.9-6.8 ms, pooled with its steady run at 5, priced it 0.6 ms dearer)
         const double slope = st.size() < 2 ? 0.0
                                            : (b.ms[st.back()] - b.ms[st.front()]) /
                                                  (double) (b.keys[st.back()] - b.keys[st.front()]);
@@ -900,8 +900,8 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     const int32_t tok_from = held > 0 && tok_prev_[0] > 0 ? held + 1 : tok_prev_[0];
     // after a step of plain decoding every draft changes the batch size: that cost decides whether to draft, not how
     // long - lengths are compared without it (priced into each, a cost as dear as a few steps favoured the longest
-    // draft: the 27B + DFlash2 on an H200 took up 7 after each prompt's first plain steps and held it, where 5 was
-    // 5% better a token)
+    // draft: replayed over the 27B + DFlash2's H200 costs, it took up 7 after a prompt's first plain steps and held
+    // it, where 5 was 5% better a token)
     const bool from_plain = tok_from == v.n_active;
     // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
     // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
@@ -1414,8 +1414,8 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             // plain steps before, not of drafting, which priced by it would look too dear to turn back on. A block
             // drafter's batch is as long as the draft: a call of another size than the step before's runs its graph
             // cold (built, run eagerly, captured anew after a prompt) - a one-off, as a target batch of a new size is
-            // (counted in, the 27B's DFlash2 calls after a change of length, 6.0-6.3 ms against 4.7-5.4 in runs, made
-            // drafts of 6 and 7 look as cheap as one of 5 on an H200, where 5 was 3-5% better a token)
+            // (counted in, the 27B's DFlash2 calls after a change of length, 6.1-6.3 ms at 6 and 7 against 5.1-5.4 in
+            // runs, made drafts of 6 and 7 look as cheap as one of 5 on an H200, where 5 was 3-5% better a token)
             if (t.behind <= p_.n_max + 1) {
                 draft_call_.observe(size, 0, o.t_draft_call_ms, p_.kind != DRAFTER_BLOCK || size == call_prev_);
             }
