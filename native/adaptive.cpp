@@ -907,7 +907,8 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
     // it gains more than that within the window
     double parts = 0.0;  // the last step_cost's figure by the parts alone
-    auto step_cost = [&](const std::vector<int32_t> & kk, bool with_change) {
+    double leave = 0.0;  // the last step_cost's change from plain decoding, left out of its figure
+    auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
             t += active[i] ? kk[i] + 1 : 0;
@@ -915,14 +916,16 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         // (a change to or from plain decoding pays it whole: a stream turned off waits for its probes to turn it on
         // again - priced over SWITCH_SPREAD steps, the 27B's replay at p 0.6 stayed off for whole answers)
         const bool plain_side = t == v.n_active || from_plain;
-        const bool change = tok_from > 0 && t != tok_from && (with_change || !from_plain);
-        return predict_priced(kk, active, pending, v.bucket, v.free, &parts) +
-               (change ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0) + first_runs_ms(t, v.cells, expect);
+        const double change = tok_from > 0 && t != tok_from ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0;
+        leave = from_plain ? change : 0.0;
+        return predict_priced(kk, active, pending, v.bucket, v.free, &parts) + first_runs_ms(t, v.cells, expect) +
+               (change - leave);
     };
     const std::vector<int32_t> k0 = k;
     std::vector<int32_t> best = k;
-    const double start_rate = expect / step_cost(k, true);
-    double best_rate = from_plain ? expect / step_cost(k, false) : start_rate;
+    const double start_cost = step_cost(k);
+    const double start_rate = expect / (start_cost + leave);
+    double best_rate = expect / start_cost;
     double best_whole = start_rate;  // the best rate of any length with the change from plain decoding
     lone_rate.assign(p_.n_max + 1, 0.0);
     double held_rate = 0.0;
@@ -932,16 +935,15 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         }
         k[r.stream]++;
         expect += r.surv;
-        const double rate = expect / step_cost(k, false);
+        const double cost = step_cost(k);
+        const double rate = expect / cost;
         if (v.n_active == 1 && k[r.stream] < (int32_t) lone_rate.size()) {
             lone_rate[k[r.stream]] = expect / parts;  // (a length whose neighbour measured dear may still be cheap)
         }
         if (r.stream == lone && k[r.stream] == held) {
             held_rate = rate;
         }
-        if (from_plain) {
-            best_whole = std::max(best_whole, expect / step_cost(k, true));
-        }
+        best_whole = std::max(best_whole, expect / (cost + leave));
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
