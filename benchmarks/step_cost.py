@@ -2,10 +2,13 @@
 llama-speculative-simple, at natural or synthetic acceptance and several context depths.
 
 Arms run interleaved, round after round, after one discarded warm-up round per arm; each figure is the median
-of the rounds with min and max. Every round has its own prompt (random filler at the cell's depth), the same for
-every arm of the round; synthetic acceptance is drawn by position in the text, so the arms of a round face the same
-acceptance (they differ by their choices, not their luck). Per-step profile from the session's native counters
-(draft, verify, device wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binaries
+of the rounds with min and max. The arms' order turns by one place every round (round r starts with arm r), so no arm
+always follows the same one: what one arm leaves behind on the device (its heat, its clocks) falls on every arm in
+turn. Each run records its place in the round, the arm before it and, where nvidia-smi or rocm-smi answers, the
+GPU's temperature, SM clock and power right after it. Every round has its own prompt (random filler at the cell's
+depth), the same for every arm of the round; synthetic acceptance is drawn by position in the text, so the arms of a
+round face the same acceptance (they differ by their choices, not their luck). Per-step profile from the session's
+native counters (draft, verify, device wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binaries
 load per run, so their figures are their own decode speeds, which exclude loading).
 
 Arms: plain; nK (fixed draft length K); adaptiveK (the controller, ceiling K; adaptive = 8); zeroK (ceiling K, never
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from pyllamaspec import Model, ModelConfig, SessionConfig, SpecSession
 from pyllamaspec.bench import trace as tracefile
+from pyllamaspec.bench.cotenant import GpuTelemetry
 from pyllamaspec.bench.external import packaged_speculative_simple, parse_speculative_simple_output
 
 
@@ -76,27 +80,32 @@ def sweep_schedule(n_max: int) -> list[int]:
 
 
 def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_sweep: int, ubatch: int,
-               trace_steps: int, catchup_rows: int = 0) -> SessionConfig | None:
+               trace_steps: int, catchup_rows: int = 0, ignore_eos: bool = False) -> SessionConfig | None:
+    def base(name: str) -> SessionConfig | None:  # the arm a suffix modifies
+        return arm_config(name, n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows, ignore_eos)
+
     sfx = graph_suffix(arm)
     if sfx:
         # the same arm, its contexts made with GRAPH_ENV[sfx] set (open_session sets it)
-        return arm_config(arm[:-len(sfx)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        return base(arm[:-len(sfx)])
     if arm.endswith(HOST):
         # the same arm with every row sampled on the host from its logits (no backend sampling)
-        cfg = arm_config(arm[:-len(HOST)], n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        cfg = base(arm[:-len(HOST)])
         return None if cfg is None else dataclasses.replace(cfg, backend_sampling=False)
     kv = re.fullmatch(r"(.+)-kv(\d+)", arm)
     if kv:
         # the same arm with the KV cache's view growing in steps of N cells (a GPU's default is 1024, llama's 256)
-        cfg = arm_config(kv.group(1), n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        cfg = base(kv.group(1))
         return None if cfg is None else dataclasses.replace(cfg, kv_window=int(kv.group(2)))
     ring = re.fullmatch(r"(.+)-ring(\d+)", arm)
     if ring:
         # the same arm with a snapshot ring of N states per sequence (a hybrid target; 0: none, rollback by checkpoint)
-        cfg = arm_config(ring.group(1), n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows)
+        cfg = base(ring.group(1))
         return None if cfg is None else dataclasses.replace(cfg, n_rs_seq=int(ring.group(2)))
     types = [spec_type] if spec_type else None  # None: detected from the drafter GGUF
     common = dict(n_ctx=n_ctx, n_batch=max(2048, ubatch), n_ubatch=ubatch, trace_steps=trace_steps)
+    if ignore_eos:
+        common["ignore_eos"] = True
     if catchup_rows and arm != "plain":
         common["catchup_rows"] = catchup_rows
     if arm == "plain":
@@ -121,6 +130,15 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         n = int(arm[len("adaptive"):] or 8)
         return SessionConfig(spec_types=types, n_max=n, synth_rates=synth_rates(level, n), **common)
     return None
+
+
+def known_arm(arm: str) -> bool:
+    if arm == "upstream-plain" or re.fullmatch(r"upstream-n\d+", arm):
+        return True
+    try:
+        return arm_config(arm, 256, 0.0, None, 8, 512, 0) is not None
+    except ValueError:  # a length that is not a number (adaptivex, nfour)
+        return False
 
 
 def open_session(arm: str, target, drafter, cfg: SessionConfig) -> SpecSession:
@@ -187,14 +205,22 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-n-max", type=int, default=0, help="the sweep arm's ceiling (default: the largest nK arm)")
     ap.add_argument("--catchup-rows", type=int, default=0,
                     help="rows per pass of a feature-reading drafter's catch-up (0: the session's default)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="never sample an end-of-generation token, so that every round decodes --n-predict tokens "
+                         "(a real model may end its answer to random filler after a few tokens)")
     ap.add_argument("--trace", type=Path, help="keep every measured step of every arm here (.json or .json.gz)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
     arms = args.arms.split(",")
+    unknown = [a for a in arms if not known_arm(a)]
+    if unknown or len(set(arms)) != len(arms):
+        ap.error(f"--arms: {', '.join(unknown) or 'an arm named twice'} (arms: plain, nK, adaptiveK, zeroK, sweep, "
+                 "gapG, upstream-nK, upstream-plain, with -host, -ringN, -g1, -gs or -kvN)")
     depths = [int(x) for x in args.depth.split(",")]
     levels = [float(x) for x in args.synth.split(",")]
     upstream = packaged_speculative_simple()
+    telemetry = GpuTelemetry()
     bench_bin = upstream.parent / "llama-bench" if upstream else None
     target_path, drafter_path = Path(args.model), Path(args.model_draft)
     target = Model(target_path, ModelConfig(n_cpu_moe=args.n_cpu_moe)) if args.n_cpu_moe else Model(target_path)
@@ -215,17 +241,20 @@ def main(argv=None) -> int:
             sessions = {}
             for arm in arms:
                 cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps,
-                                 args.catchup_rows)
+                                 args.catchup_rows, args.ignore_eos)
                 if cfg is not None:
                     no_drafter = cfg.spec_types is not None and len(cfg.spec_types) == 0  # plain
                     sessions[arm] = open_session(arm, target, None if no_drafter else drafter, cfg)
             runs = {arm: [] for arm in arms}
+            previous = None
             arm_steps = {arm: [] for arm in sessions}
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
                 # the round's prompt, the same for every arm of the round
                 prompt = prompt_tokens(target, depth, seed=1000 * depth + rnd + 1)
                 prompt_text = " ".join(f"tok_{t}" for t in prompt)
-                for arm in arms:
+                turn = rnd % len(arms)
+                place = 0
+                for arm in arms[turn:] + arms[:turn]:
                     if arm == "upstream-plain":
                         if level > 0 or bench_bin is None or not bench_bin.exists() or depth > 0:
                             continue
@@ -250,6 +279,12 @@ def main(argv=None) -> int:
                                "graph_captures": st.n_graph_captures, "graph_resets": st.n_graph_resets,
                                "graph_reused": st.n_graph_reused,
                                "k_histogram": st.k_histogram, "est_plain_tok_s": st.estimated_plain_tokens_per_second}
+                    # where the run stood: its place in the round and the run before it (the last round's last)
+                    row["place"], row["after"] = place, previous
+                    place, previous = place + 1, arm
+                    gpu = telemetry.sample()
+                    if gpu:
+                        row["gpu_after"] = [g.to_dict() for g in gpu]
                     if trace_steps and arm in sessions:
                         taken = tracefile.compact(sessions[arm].take_trace())
                         if rnd > 0:

@@ -1,4 +1,5 @@
-"""The schedule: warm-ups first, references before each block, arms interleaved round by round."""
+"""The schedule: warm-ups first, references before each block, arms interleaved round by round in an order that
+turns every round."""
 
 import pytest
 
@@ -27,7 +28,9 @@ def test_arms_are_interleaved_round_by_round_within_each_block():
     measured = [step for step in schedule() if step.kind == "measure"]
     assert len(measured) == 3 * 2 * 2 * 3
     first_block = measured[:9]
-    assert [step.arm for step in first_block] == ARMS * 3
+    # the order turns by one place every round: no arm always follows the same one
+    assert [step.arm for step in first_block] == ["plain", "B", "C", "B", "C", "plain", "C", "plain", "B"]
+    assert [step.place for step in first_block] == [0, 1, 2] * 3
     assert [step.repeat for step in first_block] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     # every arm of a round gets the same prompt; rounds cycle through the class's prompts
     assert [step.prompt_index for step in first_block] == [0, 0, 0, 1, 1, 1, 0, 0, 0]

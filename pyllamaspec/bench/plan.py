@@ -1,7 +1,9 @@
 """What gets measured, and in which order.
 
-Arms are interleaved within each (content class, depth) round - A B C A B C ... - so slow drift (heat, a
-background job, the page cache) lands on every arm alike instead of on whichever arm happened to run last.
+Arms are interleaved within each (content class, depth) round - A B C, B C A, C A B, ... - so slow drift (heat, a
+background job, the page cache) lands on every arm alike instead of on whichever arm happened to run last, and the
+order turns by one place every round, so that what one arm leaves behind (a GPU's clocks after its load or after a
+pause) does not always fall on the same next arm.
 The first response after a model load is slow, so every arm's first generation is a discarded warm-up.
 """
 
@@ -111,6 +113,7 @@ class Step:
     depth: int
     prompt_index: int
     repeat: int | None = None  # the round, for measurements
+    place: int | None = None   # the measurement's place in its round (0: the round's first)
 
 
 def build_schedule(
@@ -122,7 +125,8 @@ def build_schedule(
     reference_arm: str = PLAIN_ARM_NAME,
 ) -> list[Step]:
     """Warm-ups first (one per arm), then per (class, depth): the reference runs, then ``repeats`` rounds of
-    every arm in order. Round r uses prompt r mod (prompts in the class), the same prompt for every arm."""
+    every arm, round r starting with arm r mod (arms) and going on in order. Round r uses prompt r mod (prompts in
+    the class), the same prompt for every arm."""
     if repeats < 1:
         raise ConfigError(f"repeats must be at least 1, got {repeats}")
     if not arms or not classes or not depths:
@@ -136,6 +140,7 @@ def build_schedule(
             used_prompts = sorted({repeat % n_prompts for repeat in range(repeats)})
             schedule += [Step("reference", reference_arm, content_class, depth, index) for index in used_prompts]
             for repeat in range(repeats):
-                schedule += [Step("measure", arm, content_class, depth, repeat % n_prompts, repeat)
-                             for arm in arms]
+                turn = repeat % len(arms)
+                schedule += [Step("measure", arm, content_class, depth, repeat % n_prompts, repeat, place)
+                             for place, arm in enumerate(list(arms[turn:]) + list(arms[:turn]))]
     return schedule

@@ -177,7 +177,7 @@ class BenchRunner:
                 if measured is not None:
                     noise[key] = measured
                 continue
-            if step.kind == "measure" and step.arm == self.arms[0].name:
+            if step.kind == "measure" and step.place == 0:
                 gate = self._cool_down()  # between rounds, so every arm of a round starts from the same state
                 if gate is not None:
                     cooling.append({"content_class": step.content_class, "depth": step.depth,

@@ -1,0 +1,62 @@
+"""benchmarks/step_cost.py, the GPU grids' harness, on the tiny synthetic pair: arms interleave with their order turned
+every round, every run says where it stood, and --ignore-eos makes every round as long as asked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def step_cost():
+    spec = importlib.util.spec_from_file_location("step_cost", ROOT / "benchmarks" / "step_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_arms_order_turns_every_round_and_each_run_says_where_it_stood(step_cost, dense_pair, tmp_path):
+    target, drafter = dense_pair
+    out, trace = tmp_path / "grid.json", tmp_path / "grid-trace.json.gz"
+    arms = ["plain", "n2", "adaptive4"]
+    assert step_cost.main(["-m", str(target), "-md", str(drafter), "--arms", ",".join(arms), "--synth", "0.8",
+                           "--rounds", "3", "--n-predict", "12", "--ignore-eos", "--json", str(out),
+                           "--trace", str(trace)]) == 0
+    cell = json.loads(out.read_text())["cells"][0]
+    runs = {arm: cell["arms"][arm]["runs"] for arm in arms}
+    assert all(len(r) == 3 for r in runs.values())
+    for rnd in range(3):  # measured round r is the run's round r + 1 (round 0 is the warm-up): it starts with arm r + 1
+        first = arms[(rnd + 1) % len(arms)]
+        assert runs[first][rnd]["place"] == 0
+        by_place = sorted(arms, key=lambda a: runs[a][rnd]["place"])
+        assert [runs[a][rnd]["place"] for a in by_place] == [0, 1, 2]
+        # each run names the one before it; a round's first follows the last round's last
+        for before, arm in zip(by_place, by_place[1:]):
+            assert runs[arm][rnd]["after"] == before
+        assert runs[first][rnd]["after"] == arms[(rnd - 1) % len(arms)]
+    # with the end of generation never sampled, every round decodes what it was asked for
+    for arm, rows in runs.items():
+        for row in rows:
+            assert round(row["steps"] * row["al"]) == 12, (arm, row)
+    # the trace keeps each arm's measured rounds, in the arm's own round order
+    from pyllamaspec.bench import trace as tracefile
+
+    kept = {a["arm"]: a for a in tracefile.load(trace)}
+    assert set(kept) == set(arms) and all(len(a["rounds"]) == 3 for a in kept.values())
+
+
+def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step_cost, dense_pair, capsys):
+    target, drafter = dense_pair
+    for arms in ("plain,n4,adaptve4", "plain,n4,plain", "plain,adaptivex"):
+        with pytest.raises(SystemExit) as e:
+            step_cost.main(["-m", str(target), "-md", str(drafter), "--arms", arms])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--arms: " in err and (arms.split(",")[-1] in err if arms.count("plain") == 1 else "named twice" in err)
+    cfg = step_cost.arm_config("n4-kv1024", 512, 0.8, None, 4, 512, 0, ignore_eos=True)
+    assert cfg.n_max == 4 and cfg.kv_window == 1024 and cfg.ignore_eos and not cfg.adaptive
