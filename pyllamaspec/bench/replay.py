@@ -90,7 +90,7 @@ class CostModel:
     depth: int
     kv_window: int = KV_WINDOW                        # the session's (a trace's setup says; replayed as another)
     target: dict = field(default_factory=dict)       # (n_tokens, cost class) -> [ms], sessions with a drafter
-    first: list = field(default_factory=list)         # a generation's first step (after its prompt) -> [ms]
+    first: dict = field(default_factory=dict)         # a generation's first step (after its prompt): n_tokens -> [ms]
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
     plain_first: list = field(default_factory=list)
     draft_call: dict = field(default_factory=dict)   # block length - 1 (DFlash) or draft length -> [ms] per drafting step
@@ -100,6 +100,8 @@ class CostModel:
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
     draft_rest_by: dict = field(default_factory=dict) # draft model: further decodes of a step -> [ms of them all]
     rest: list = field(default_factory=list)          # step time beyond target and drafter -> [ms]
+    # draft_first's costs of the steps that caught up about as many rows, by catch-up (built as first asked for)
+    _first_near: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_arms(cls, arms: Sequence[dict], depth: int | None = None) -> "CostModel":
@@ -133,7 +135,7 @@ class CostModel:
                     if a["arm"] == "plain":
                         (m.plain_first if i == 0 else m.plain).append(s["t_target"])
                     elif i == 0:
-                        m.first.append(s["t_target"])
+                        m.first.setdefault(n, []).append(s["t_target"])
                     else:
                         age = 0
                         for p in reversed(prev):
@@ -203,8 +205,16 @@ class CostModel:
         extra = [statistics.median(v) - self._steady_median(k) for (k, a), v in self.target.items() if a == b]
         return base + (statistics.median(extra) if extra else 0.0)
 
-    def first_ms(self, rng: random.Random) -> float:
-        return rng.choice(self.first) if self.first else self.target_ms(1, 0, rng)
+    def first_ms(self, n: int, rng: random.Random) -> float:
+        """A generation's first target batch (after its prompt) of n tokens: as measured for that size, else the
+        size's steady cost plus what a first step cost over steady at the sizes measured."""
+        samples = self.first.get(n)
+        if samples:
+            return rng.choice(samples)
+        if not self.first:
+            return self.target_ms(n, 0, rng)
+        extra = [statistics.median(v) - self._steady_median(k) for k, v in self.first.items()]
+        return self._steady_median(n) + statistics.median(extra)
 
     def plain_ms(self, first: bool, rng: random.Random, runs: int = 2) -> float:
         """A step of plain decoding in a session without a drafter (no snapshot ring, no features kept); runs: of a
@@ -223,7 +233,11 @@ class CostModel:
         if self.kind == "model":
             if not self.draft_first:
                 return 0.0, 0.0, 0, 0.0
-            near = [ms for c, ms in self.draft_first if abs(c - catchup) <= max(2, catchup // 4)] or [ms for _, ms in self.draft_first]
+            near = self._first_near.get(catchup)
+            if near is None:
+                near = [ms for c, ms in self.draft_first if abs(c - catchup) <= max(2, catchup // 4)] or [
+                    ms for _, ms in self.draft_first]
+                self._first_near[catchup] = near
             # a step's further decodes as steps of as many cost on that machine (a GPU's do not add up linearly:
             # the 7B pair's third and fourth decode cost less than its second), else as that many of any step's
             by = self.draft_rest_by.get(k - 1, [])
@@ -370,7 +384,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             if arm == "plain":
                 t_target = model.plain_ms(not prev, rng, runs)
             else:
-                t_target = model.first_ms(rng) if not prev else model.target_ms(n, age, rng, runs)
+                t_target = model.first_ms(n, rng) if not prev else model.target_ms(n, age, rng, runs)
             first = rest = call = 0.0
             iters = 0
             if k > 0:
