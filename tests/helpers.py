@@ -141,3 +141,15 @@ def arm_session(target, drafter, d2, arm, **cfg):
     n_max = 4 if arm == "n4" else 8
     return SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], adaptive=arm == "adaptive",
                                                       n_max=n_max, **cfg))
+
+
+def benchmark_script(name: str):
+    """A script of benchmarks/ (not a package) imported as a module, for its tests."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

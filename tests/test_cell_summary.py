@@ -3,21 +3,16 @@ best of plain and the fixed lengths by medians, by total decode time and paired 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def cell_summary():
-    spec = importlib.util.spec_from_file_location("cell_summary", ROOT / "benchmarks" / "cell_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("cell_summary")
 
 
 def runs(tok_s, k_histogram=None):

@@ -3,21 +3,16 @@ every round, every run says where it stood, and --ignore-eos makes every round a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def step_cost():
-    spec = importlib.util.spec_from_file_location("step_cost", ROOT / "benchmarks" / "step_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("step_cost")
 
 
 def test_the_arms_order_turns_every_round_and_each_run_says_where_it_stood(step_cost, dense_pair, tmp_path):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md's H200 sections, in phases that each fit one call of a lent machine.
 # No CUDA build there at all: `benchmarks/gpu/build_here.sh` builds the CUDA package on a machine without a GPU (CUDA's
-# compiler is all it needs) into .pkg/pls.tgz.*, which every call carries and unpacks. Or build once per machine
+# compiler and cuBLAS, no driver) into .pkg/pls.tgz.*, which every call carries and unpacks. Or build once per machine
 # session there and carry it afterwards:
 #   build      the carried wheels and the CUDA package into /tmp/pls, with the system's g++ (GPU_CXX=... another;
 #              UPSTREAM=1 adds upstream's speculative-simple and llama-bench); then `pack` it into $OUT (pieces of
