@@ -173,13 +173,13 @@ def run_llama_bench(binary: Path, target: Path, n_predict: int, n_cpu_moe: int) 
 
 
 def run_upstream(binary: Path, target: Path, drafter: Path, n: int, tokens_text: str, n_predict: int,
-                 n_ctx: int, spec_type: str) -> dict:
+                 n_ctx: int, spec_type: str, ignore_eos: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as d:
         pf = Path(d) / "prompt.txt"
         pf.write_text(tokens_text + "\n")
         cmd = [str(binary), "-m", str(target), "-md", str(drafter), "-f", str(pf), "-n", str(n_predict), "-c", str(n_ctx),
                "-b", str(n_ctx), "--temp", "0", "--seed", "0", "-ngl", "all", "-ngld", "all",
-               "--spec-type", spec_type, "--spec-draft-n-max", str(n)]
+               "--spec-type", spec_type, "--spec-draft-n-max", str(n)] + (["--ignore-eos"] if ignore_eos else [])
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError("upstream failed: " + (out.stdout + out.stderr)[-2000:])
@@ -207,7 +207,8 @@ def main(argv=None) -> int:
                     help="rows per pass of a feature-reading drafter's catch-up (0: the session's default)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="never sample an end-of-generation token, so that every round decodes --n-predict tokens "
-                         "(a real model may end its answer to random filler after a few tokens)")
+                         "(a real model may end its answer to random filler after a few tokens); upstream's "
+                         "speculative-simple is given it too, and llama-bench always decodes its tokens")
     ap.add_argument("--trace", type=Path, help="keep every measured step of every arm here (.json or .json.gz)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
                         if level > 0 or upstream is None or depth > 0:
                             continue  # upstream's example has no synthetic acceptance; its prompt is text
                         fig = run_upstream(upstream, target_path, drafter_path, int(arm.split("-n")[1]), prompt_text,
-                                           args.n_predict, n_ctx, spec_name)
+                                           args.n_predict, n_ctx, spec_name, args.ignore_eos)
                         row = {"tok_s": fig["tokens_per_second"], "acceptance":
                                (fig["n_accept"] / fig["n_drafted"]) if fig.get("n_drafted") else None}
                     else:

@@ -55,3 +55,18 @@ def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step
         assert "--arms: " in err and (arms.split(",")[-1] in err if arms.count("plain") == 1 else "named twice" in err)
     cfg = step_cost.arm_config("n4-kv1024", 512, 0.8, None, 4, 512, 0, ignore_eos=True)
     assert cfg.n_max == 4 and cfg.kv_window == 1024 and cfg.ignore_eos and not cfg.adaptive
+
+
+def test_ignore_eos_reaches_upstreams_speculative_simple(step_cost, monkeypatch, tmp_path):
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return step_cost.subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+
+    monkeypatch.setattr(step_cost.subprocess, "run", fake_run)
+    for ignore_eos in (False, True):
+        with pytest.raises(RuntimeError, match="stopped here"):
+            step_cost.run_upstream(tmp_path / "bin", tmp_path / "t.gguf", tmp_path / "d.gguf", 4, "tok_1", 16, 256,
+                                   "draft-simple", ignore_eos)
+    assert ["--ignore-eos" in cmd for cmd in seen] == [False, True]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA package built on this machine - no GPU needed, only CUDA's compiler - and packed as .pkg/pls.tgz.* for
-# `run.sh unpack` on the GPU machine, so that no call there spends its time compiling CUDA. On two cores the build
-# takes about an hour the first time (ccache makes a rebuild after a change outside ggml-cuda a matter of minutes).
+# The CUDA package built on this machine - no GPU needed, only CUDA's compiler and cuBLAS - and packed as
+# .pkg/pls.tgz.* for `run.sh unpack` on the GPU machine, so that no call there spends its time compiling CUDA. On two
+# cores the build took 23 minutes the first time (ccache makes a rebuild after a change outside ggml-cuda a matter of
+# minutes).
 #   CUDA_HOME   the toolkit with nvcc (default /usr/local/cuda; CUDA 13 for the H200 machine's driver)
 #   CUDAARCHS   the GPU architectures (default 90: Hopper)
 #   UPSTREAM=1  (the default) also upstream's llama-speculative-simple and llama-bench, for the upstream-* arms
@@ -25,8 +26,10 @@ if [ ! -f "$cuda/include/cublas_v2.h" ] || ! ls "$lib"/libcublas.so* >/dev/null 
     (cd "$tmp" && unzip -q ./*.whl)
     cp -n "$tmp"/nvidia/cu*/include/* "$cuda/include/"
     cp -n "$tmp"/nvidia/cu*/lib/* "$lib/"
-    ln -sf libcublas.so.13 "$lib/libcublas.so"
-    ln -sf libcublasLt.so.13 "$lib/libcublasLt.so"
+    for f in "$tmp"/nvidia/cu*/lib/libcublas*.so.*; do  # the link-time names (libcublas.so -> libcublas.so.13)
+        f=$(basename "$f")
+        ln -sf "$f" "$lib/${f%%.so.*}.so"
+    done
 fi
 
 if [ ! -e "$lib/stubs/libcuda.so" ] && ! ls "$lib"/libcuda.so* >/dev/null 2>&1; then
