@@ -21,6 +21,8 @@ its logits, where the default samples greedy rows on a GPU that holds the target
 (sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
 and with -gs (sweep-gs): graphs kept by shape, all in the context's one scheduler (LLAMA_GRAPH_CACHE_SCHED=0);
 and with -kvN (plain-kv256, adaptive7-kv1024): the KV cache's view grows in steps of N cells (kv_window);
+and with -b (plain-b beside plain): a second session of the same arm, how far two sessions of one configuration
+differ within one run;
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
 
@@ -65,6 +67,7 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
 
 
 HOST = "-host"  # arm suffix: sampling on the host
+TWIN = "-b"  # arm suffix: a second session of the same arm (plain-b beside plain)
 ONE_GRAPH = "-g1"  # arm suffix: llama's contexts keep one graph (LLAMA_GRAPH_CACHE=1), not one per batch shape
 SHARED_SCHED = "-gs"  # arm suffix: graphs kept by shape, all in the context's scheduler (LLAMA_GRAPH_CACHE_SCHED=0)
 GRAPH_ENV = {ONE_GRAPH: {"LLAMA_GRAPH_CACHE": "1"}, SHARED_SCHED: {"LLAMA_GRAPH_CACHE_SCHED": "0"}}
@@ -84,6 +87,9 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
     def base(name: str) -> SessionConfig | None:  # the arm a suffix modifies
         return arm_config(name, n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows, ignore_eos)
 
+    if arm.endswith(TWIN):
+        # a second session of the same arm: how far two sessions of one configuration differ in one run
+        return base(arm[:-len(TWIN)])
     sfx = graph_suffix(arm)
     if sfx:
         # the same arm, its contexts made with GRAPH_ENV[sfx] set (open_session sets it)
@@ -217,7 +223,7 @@ def main(argv=None) -> int:
     unknown = [a for a in arms if not known_arm(a)]
     if unknown or len(set(arms)) != len(arms):
         ap.error(f"--arms: {', '.join(unknown) or 'an arm named twice'} (arms: plain, nK, adaptiveK, zeroK, sweep, "
-                 "gapG, upstream-nK, upstream-plain, with -host, -ringN, -g1, -gs or -kvN)")
+                 "gapG, upstream-nK, upstream-plain, with -host, -ringN, -g1, -gs, -kvN or -b)")
     depths = [int(x) for x in args.depth.split(",")]
     levels = [float(x) for x in args.synth.split(",")]
     upstream = packaged_speculative_simple()

@@ -55,6 +55,11 @@ def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step
         assert "--arms: " in err and (arms.split(",")[-1] in err if arms.count("plain") == 1 else "named twice" in err)
     cfg = step_cost.arm_config("n4-kv1024", 512, 0.8, None, 4, 512, 0, ignore_eos=True)
     assert cfg.n_max == 4 and cfg.kv_window == 1024 and cfg.ignore_eos and not cfg.adaptive
+    # a twin (-b) is a second session of the arm it names, its configuration the same
+    assert step_cost.arm_config("n4-kv1024-b", 512, 0.8, None, 4, 512, 0, ignore_eos=True) == cfg
+    assert step_cost.arm_config("plain-b", 512, 0.0, None, 4, 512, 0) == step_cost.arm_config("plain", 512, 0.0, None,
+                                                                                           4, 512, 0)
+    assert not step_cost.known_arm("n4-c") and not step_cost.known_arm("-b")
 
 
 def test_ignore_eos_reaches_upstreams_speculative_simple(step_cost, monkeypatch, tmp_path):

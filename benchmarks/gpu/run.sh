@@ -149,14 +149,14 @@ phase_gmem() {
     done
 }
 phase_g35cpu() {
-    phase_synth35 && grid h200-35b-cpumoe /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
+    phase_synth35 && grid "h200-35b-cpumoe${TAG:-}" /tmp/m/t35.gguf /tmp/m/d35.gguf "${ARMS:-plain,n3,n7,adaptive15}" 0 "${LEVELS:-0.8}" --n-cpu-moe 41
 }
 phase_g7() {
     phase_synth05 && phase_synth7 && grid "h200-7b-d0${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf \
         "${ARMS:-plain,n2,n4,n8,adaptive,sweep,upstream-n4,upstream-plain}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"
 }
 phase_g7deep() {
-    phase_synth05 && phase_synth7 && grid h200-7b-d16384 /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+    phase_synth05 && phase_synth7 && grid "h200-7b-d16384${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
 }
 # the results of a call as one file (the files that come back from a call are few)
 phase_collect() { [ -d "$OUT/res" ] && tar czf "$OUT/results-$(date -u +%H%M%S).tgz" -C "$OUT" res && rm -rf "$OUT/res"; ls -l "$OUT"; }
