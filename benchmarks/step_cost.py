@@ -24,7 +24,8 @@ and with -kvN (plain-kv256, adaptive7-kv1024): the KV cache's view grows in step
 and with -b (plain-b beside plain): a second session of the same arm, how far two sessions of one configuration
 differ within one run;
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
---trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay).
+--trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay),
+and each arm's warm-up steps apart (what an adaptive arm's controller learnt before the measured rounds).
 
     python benchmarks/step_cost.py -m target.gguf -md drafter.gguf --arms plain,n4,n8,adaptive,upstream-n4 \\
         --depth 0,4096 --synth 0,0.6,0.9 --rounds 8 --n-predict 128 --json out.json --trace out-trace.json.gz
@@ -255,6 +256,7 @@ def main(argv=None) -> int:
             runs = {arm: [] for arm in arms}
             previous = None
             arm_steps = {arm: [] for arm in sessions}
+            warm_steps: dict = {}
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
                 # the round's prompt, the same for every arm of the round
                 prompt = prompt_tokens(target, depth, seed=1000 * depth + rnd + 1)
@@ -296,6 +298,8 @@ def main(argv=None) -> int:
                         taken = tracefile.compact(sessions[arm].take_trace())
                         if rnd > 0:
                             arm_steps[arm].append(taken)
+                        else:
+                            warm_steps[arm] = taken  # where an adaptive arm's controller stood when round 1 began
                     if rnd > 0:
                         runs[arm].append(row)
                     else:
@@ -310,7 +314,7 @@ def main(argv=None) -> int:
                                                       "n_max": sessions[arm].config.n_max, "adaptive": sessions[arm].config.adaptive,
                                                       "n_cpu_moe": args.n_cpu_moe, "dflash_block": "draft",
                                                       "kv_window": sessions[arm].info.kv_window},
-                               "rounds": rounds})
+                               "rounds": rounds, "warmup": warm_steps.get(arm, [])})
             for s in sessions.values():
                 s.close()
             cell = {"depth": depth, "synthetic_acceptance": level or None, "arms": {}}

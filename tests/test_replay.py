@@ -153,6 +153,11 @@ LONG_CASES = {
     "h200-35b-a3b-dflash-d0-long8.json.gz": (15, (3, 7), {0.0: 0.98, 0.3: 0.97, 0.6: 1.01, 0.8: 0.97, 0.9: 0.94}),
     "h200-27b-dflash2-d4096-long8.json.gz": (7, (3, 5, 7), {0.0: 0.95, 0.3: 0.94, 0.6: 0.96, 0.8: 0.96, 0.9: 0.96}),
     "h200-7b-draft-d0-long8.json.gz": (8, (2, 4), {0.0: 0.96, 0.3: 0.96, 0.6: 0.98, 0.8: 0.95, 0.9: 0.96}),
+    # the same version at the depths the grid had left: the 27B at 16 384 (natural, 0.8; answers of 256 tokens) and at
+    # 4 096 (0.3, 0.6), the 7B pair at 16 384 (natural, 0.8). Bounds: the same rule
+    "h200-27b-dflash2-d16384-long8.json.gz": (7, (5, 7), {0.0: 0.95, 0.3: 0.95, 0.6: 0.98, 0.8: 0.96, 0.9: 0.96}),
+    "h200-27b-dflash2-d4096-long8b.json.gz": (7, (3, 5), {0.0: 0.96, 0.3: 0.96, 0.6: 0.96, 0.8: 0.97, 0.9: 1.01}),
+    "h200-7b-draft-d16384-long8.json.gz": (8, (2, 4), {0.0: 0.98, 0.3: 0.97, 0.6: 0.97, 0.8: 0.97, 0.9: 0.95}),
 }
 
 

@@ -43,6 +43,10 @@ def test_the_arms_order_turns_every_round_and_each_run_says_where_it_stood(step_
 
     kept = {a["arm"]: a for a in tracefile.load(trace)}
     assert set(kept) == set(arms) and all(len(a["rounds"]) == 3 for a in kept.values())
+    # and the discarded warm-up round's steps apart - what an adaptive arm's controller learnt before round 1
+    for a in kept.values():
+        tokens = [sum(s["accepted"] + 1 for s in steps) for steps in [a["warmup"]] + a["rounds"]]
+        assert a["warmup"] and len(set(tokens)) == 1, (a["arm"], tokens)
 
 
 def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step_cost, dense_pair, capsys):

@@ -83,3 +83,14 @@ def test_synthetic_acceptance_is_drawn_by_position_the_same_for_every_draft_leng
     other = _outcomes(target, drafter, 1, seed=8)
     common = sorted(set(short) & set(other))
     assert [short[p] for p in common] != [other[p] for p in common]
+
+
+def test_a_trace_file_keeps_an_arms_warm_up_apart_and_reads_older_files_without_one(tmp_path):
+    row = [1, 2, 2, 1, 0, 40, 3, 0, 0, 0, 0.0, 0.0, 4.5, 17.0, 21.6]
+    tracefile.save(tmp_path / "t.json.gz", [{"arm": "adaptive7", "setup": {"depth": 0}, "rounds": [[row, row]],
+                                             "warmup": [row]}])
+    (a,) = tracefile.load(tmp_path / "t.json.gz")
+    assert a["warmup"] == [tracefile.expand(row)] and a["rounds"] == [[tracefile.expand(row)] * 2]
+    tracefile.save(tmp_path / "old.json", [{"arm": "n3", "setup": {"depth": 0}, "rounds": [[row]]}])
+    (b,) = tracefile.load(tmp_path / "old.json")
+    assert b["warmup"] == [] and b["rounds"] == [[tracefile.expand(row)]]

@@ -46,6 +46,7 @@ fi
 extra=""
 [ "${UPSTREAM:-1}" = 1 ] && extra="-DPYLLAMASPEC_BUILD_UPSTREAM_SPECULATIVE=ON"
 rm -rf "$pkg"
+mkdir -p "$(dirname "${BUILD_LOG:-build/cuda-build.log}")"
 t0=$SECONDS
 # the system's g++, as on the GPU machine (run.sh build says why); a build tree of its own beside the CPU build's
 PATH=$cuda/bin:$PATH CXX=${GPU_CXX:-/usr/bin/g++} CUDAHOSTCXX=${GPU_CXX:-/usr/bin/g++} PYLLAMASPEC_BACKEND=cuda \

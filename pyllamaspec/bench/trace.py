@@ -43,7 +43,9 @@ def expand(row: list) -> dict:
 
 
 def save(path: Path, arms: list[dict]) -> None:
-    """arms: [{"arm": name, "setup": {...}, "rounds": [[row, ...], ...]}, ...] as one JSON document (gzip if .gz)."""
+    """arms: [{"arm": name, "setup": {...}, "rounds": [[row, ...], ...], "warmup": [row, ...]}, ...] as one JSON
+    document (gzip if .gz); "warmup" (optional): the discarded warm-up round's steps, which the measured rounds' do
+    not include but an adaptive arm's controller learnt from."""
     doc = {"fields": list(FIELDS), "arms": arms}
     data = json.dumps(doc, separators=(",", ":")).encode()
     path = Path(path)
@@ -52,12 +54,14 @@ def save(path: Path, arms: list[dict]) -> None:
 
 
 def load(path: Path) -> list[dict]:
-    """The arms of a trace file, each {"arm", "setup", "rounds"} with rounds of step dicts (FIELDS)."""
+    """The arms of a trace file, each {"arm", "setup", "rounds", "warmup"} with rounds of step dicts (FIELDS); "warmup"
+    is empty where the file holds none (traces recorded before it was kept)."""
     path = Path(path)
     raw = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     doc = json.loads(raw)
     fields = doc["fields"]
     out = []
     for a in doc["arms"]:
-        out.append({**a, "rounds": [[dict(zip(fields, r)) for r in rnd] for rnd in a["rounds"]]})
+        out.append({**a, "rounds": [[dict(zip(fields, r)) for r in rnd] for rnd in a["rounds"]],
+                    "warmup": [dict(zip(fields, r)) for r in a.get("warmup", [])]})
     return out
