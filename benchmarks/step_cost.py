@@ -21,9 +21,11 @@ its logits, where the default samples greedy rows on a GPU that holds the target
 (sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
 and with -gs (sweep-gs): graphs kept by shape, all in the context's one scheduler (LLAMA_GRAPH_CACHE_SCHED=0);
 and with -kvN (plain-kv256, adaptive7-kv1024): the KV cache's view grows in steps of N cells (kv_window);
-and with -b (plain-b beside plain): a second session of the same arm, how far two sessions of one configuration
-differ within one run;
+and with -b, -c, -d or -e (plain-b beside plain): another session of the same arm, how far sessions of one
+configuration differ within one run;
 upstream-nK (llama-speculative-simple, depth 0, natural acceptance); upstream-plain (llama-bench tg, depth 0).
+Each arm keeps one session for a cell, all opened first in the arms' order; --fresh gives every run a session of its
+own instead, opened right before it and closed after it (one session alive at a time).
 --trace FILE keeps every measured step of every arm (pyllamaspec.bench.trace; replayed by pyllamaspec.bench.replay),
 and each arm's warm-up steps apart (what an adaptive arm's controller learnt before the measured rounds).
 
@@ -68,14 +70,17 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
 
 
 HOST = "-host"  # arm suffix: sampling on the host
-TWIN = "-b"  # arm suffix: a second session of the same arm (plain-b beside plain)
+TWIN = re.compile(r"(.+)-([b-e])")  # arm suffix: another session of the same arm (plain-b, plain-c beside plain)
 ONE_GRAPH = "-g1"  # arm suffix: llama's contexts keep one graph (LLAMA_GRAPH_CACHE=1), not one per batch shape
 SHARED_SCHED = "-gs"  # arm suffix: graphs kept by shape, all in the context's scheduler (LLAMA_GRAPH_CACHE_SCHED=0)
 GRAPH_ENV = {ONE_GRAPH: {"LLAMA_GRAPH_CACHE": "1"}, SHARED_SCHED: {"LLAMA_GRAPH_CACHE_SCHED": "0"}}
 
 
 def graph_suffix(arm: str) -> str | None:
-    return next((sfx for sfx in GRAPH_ENV if arm.endswith(sfx)), None)
+    """The arm's graph suffix (-g1, -gs), a twin's (n5-gs-b) included."""
+    twin = TWIN.fullmatch(arm)
+    name = twin.group(1) if twin else arm
+    return next((sfx for sfx in GRAPH_ENV if name.endswith(sfx)), None)
 
 
 def sweep_schedule(n_max: int) -> list[int]:
@@ -88,9 +93,10 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
     def base(name: str) -> SessionConfig | None:  # the arm a suffix modifies
         return arm_config(name, n_ctx, level, spec_type, n_max_sweep, ubatch, trace_steps, catchup_rows, ignore_eos)
 
-    if arm.endswith(TWIN):
-        # a second session of the same arm: how far two sessions of one configuration differ in one run
-        return base(arm[:-len(TWIN)])
+    twin = TWIN.fullmatch(arm)
+    if twin:
+        # another session of the same arm: how far sessions of one configuration differ in one run
+        return base(twin.group(1))
     sfx = graph_suffix(arm)
     if sfx:
         # the same arm, its contexts made with GRAPH_ENV[sfx] set (open_session sets it)
@@ -216,6 +222,11 @@ def main(argv=None) -> int:
                     help="never sample an end-of-generation token, so that every round decodes --n-predict tokens "
                          "(a real model may end its answer to random filler after a few tokens); upstream's "
                          "speculative-simple is given it too, and llama-bench always decodes its tokens")
+    ap.add_argument("--fresh", action="store_true",
+                    help="every run in a session of its own, opened right before it and closed after it, so that one "
+                         "session is alive at a time and each is made in the same memory (by default each arm keeps "
+                         "one session for the cell, all opened first in the arms' order); an adaptive arm keeps what "
+                         "it learnt of costs through the cost cache, as a new process would")
     ap.add_argument("--trace", type=Path, help="keep every measured step of every arm here (.json or .json.gz)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -246,17 +257,22 @@ def main(argv=None) -> int:
         n_ctx = ((n_ctx + 255) // 256) * 256
         for level in levels:
             t_cell = time.monotonic()
-            sessions = {}
-            for arm in arms:
-                cfg = arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep, args.ubatch, trace_steps,
-                                 args.catchup_rows, args.ignore_eos)
-                if cfg is not None:
-                    no_drafter = cfg.spec_types is not None and len(cfg.spec_types) == 0  # plain
-                    sessions[arm] = open_session(arm, target, None if no_drafter else drafter, cfg)
+            configs = {arm: cfg for arm in arms if (cfg := arm_config(arm, n_ctx, level, args.spec_type, n_max_sweep,
+                                                                      args.ubatch, trace_steps, args.catchup_rows,
+                                                                      args.ignore_eos)) is not None}
+
+            def open_arm(arm: str) -> SpecSession:
+                cfg = configs[arm]
+                no_drafter = cfg.spec_types is not None and len(cfg.spec_types) == 0  # plain
+                return open_session(arm, target, None if no_drafter else drafter, cfg)
+
+            # every arm's session for the whole cell, opened in the arms' order; with --fresh one per run instead
+            sessions = {} if args.fresh else {arm: open_arm(arm) for arm in configs}
             runs = {arm: [] for arm in arms}
             previous = None
-            arm_steps = {arm: [] for arm in sessions}
+            arm_steps = {arm: [] for arm in configs}
             warm_steps: dict = {}
+            kept: dict = {}  # per arm: what its (last) session was and learnt, read before it closes
             for rnd in range(args.rounds + 1):  # round 0 is the warm-up, discarded
                 # the round's prompt, the same for every arm of the round
                 prompt = prompt_tokens(target, depth, seed=1000 * depth + rnd + 1)
@@ -276,6 +292,8 @@ def main(argv=None) -> int:
                         row = {"tok_s": fig["tokens_per_second"], "acceptance":
                                (fig["n_accept"] / fig["n_drafted"]) if fig.get("n_drafted") else None}
                     else:
+                        if args.fresh:
+                            sessions[arm] = open_arm(arm)
                         r = sessions[arm].generate(prompt, args.n_predict)
                         st = r.stats
                         steps = max(1, st.n_steps)
@@ -302,18 +320,23 @@ def main(argv=None) -> int:
                             warm_steps[arm] = taken  # where an adaptive arm's controller stood when round 1 began
                     if rnd > 0:
                         runs[arm].append(row)
-                    else:
-                        sessions.get(arm) and sessions[arm].reset_stats()
-            # what each adaptive arm's controller learnt (costs by table, depth bucket and size; its view at the end)
-            learnt = {arm: {"costs": sessions[arm].learnt_costs(),
-                            "info": dataclasses.asdict(sessions[arm].adaptive_info())}
-                      for arm in sessions if arm.startswith("adaptive")}
+                    elif arm in sessions:
+                        sessions[arm].reset_stats()
+                    if arm in sessions and (args.fresh or rnd == args.rounds):
+                        s = sessions[arm]
+                        kept[arm] = {"n_max": s.config.n_max, "adaptive": s.config.adaptive, "kv_window": s.info.kv_window}
+                        if arm.startswith("adaptive"):
+                            # what the controller learnt (costs by table, depth bucket and size; its view at the end)
+                            kept[arm]["learnt"] = {"costs": s.learnt_costs(), "info": dataclasses.asdict(s.adaptive_info())}
+                        if args.fresh:
+                            sessions.pop(arm).close()
+            learnt = {arm: k["learnt"] for arm, k in kept.items() if "learnt" in k}
             for arm, rounds in arm_steps.items():
                 traces.append({"arm": arm, "setup": {"target": str(target_path), "drafter": str(drafter_path),
                                                       "spec_type": spec_name, "depth": depth, "synthetic_acceptance": level or None,
-                                                      "n_max": sessions[arm].config.n_max, "adaptive": sessions[arm].config.adaptive,
+                                                      "n_max": kept[arm]["n_max"], "adaptive": kept[arm]["adaptive"],
                                                       "n_cpu_moe": args.n_cpu_moe, "dflash_block": "draft",
-                                                      "kv_window": sessions[arm].info.kv_window},
+                                                      "kv_window": kept[arm]["kv_window"], "fresh": args.fresh},
                                "rounds": rounds, "warmup": warm_steps.get(arm, [])})
             for s in sessions.values():
                 s.close()

@@ -63,7 +63,10 @@ def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step
     assert step_cost.arm_config("n4-kv1024-b", 512, 0.8, None, 4, 512, 0, ignore_eos=True) == cfg
     assert step_cost.arm_config("plain-b", 512, 0.0, None, 4, 512, 0) == step_cost.arm_config("plain", 512, 0.0, None,
                                                                                            4, 512, 0)
-    assert not step_cost.known_arm("n4-c") and not step_cost.known_arm("-b")
+    assert step_cost.arm_config("n4-kv1024-e", 512, 0.8, None, 4, 512, 0, ignore_eos=True) == cfg
+    assert step_cost.graph_suffix("n4-gs-b") == step_cost.graph_suffix("n4-gs") == "-gs"
+    assert step_cost.graph_suffix("n4-b") is None
+    assert not step_cost.known_arm("n4-f") and not step_cost.known_arm("-b") and not step_cost.known_arm("n4-bb")
 
 
 def test_ignore_eos_reaches_upstreams_speculative_simple(step_cost, monkeypatch, tmp_path):
@@ -79,3 +82,42 @@ def test_ignore_eos_reaches_upstreams_speculative_simple(step_cost, monkeypatch,
             step_cost.run_upstream(tmp_path / "bin", tmp_path / "t.gguf", tmp_path / "d.gguf", 4, "tok_1", 16, 256,
                                    "draft-simple", ignore_eos)
     assert ["--ignore-eos" in cmd for cmd in seen] == [False, True]
+
+
+def test_fresh_gives_every_run_a_session_of_its_own_one_alive_at_a_time(step_cost, dense_pair, tmp_path, monkeypatch):
+    target, drafter = dense_pair
+    monkeypatch.setenv("PYLLAMASPEC_COST_CACHE", str(tmp_path / "costs"))
+    opened, alive, most = [], set(), [0]
+    real_open = step_cost.open_session
+
+    def tracking_open(arm, *a, **kw):
+        s = real_open(arm, *a, **kw)
+        opened.append(arm)
+        alive.add(id(s))
+        most[0] = max(most[0], len(alive))
+        real_close = s.close
+
+        def close():
+            alive.discard(id(s))
+            real_close()
+
+        s.close = close
+        return s
+
+    monkeypatch.setattr(step_cost, "open_session", tracking_open)
+    arms = ["plain", "n2", "adaptive4"]
+    out, trace = tmp_path / "fresh.json", tmp_path / "fresh-trace.json.gz"
+    assert step_cost.main(["-m", str(target), "-md", str(drafter), "--arms", ",".join(arms), "--synth", "0.8",
+                           "--rounds", "2", "--n-predict", "10", "--ignore-eos", "--fresh", "--json", str(out),
+                           "--trace", str(trace)]) == 0
+    # a session per run (the warm-up round's too), in the rounds' turned order, never two at once, none left open
+    assert opened == ["plain", "n2", "adaptive4", "n2", "adaptive4", "plain", "adaptive4", "plain", "n2"]
+    assert most[0] == 1 and not alive
+    cell = json.loads(out.read_text())["cells"][0]
+    assert all(len(cell["arms"][a]["runs"]) == 2 for a in arms)
+    assert cell["arms"]["adaptive4"]["learnt"]["costs"]  # read from its last session before it closed
+    from pyllamaspec.bench import trace as tracefile
+
+    kept = {a["arm"]: a for a in tracefile.load(trace)}
+    assert kept["n2"]["setup"]["n_max"] == 2 and kept["adaptive4"]["setup"]["adaptive"]
+    assert all(a["setup"]["fresh"] for a in kept.values())

@@ -77,12 +77,14 @@ phase_synth35() {
     echo "synth 35B-A3B + DFlash: $((SECONDS - t0)) s"
 }
 
-# the grid of issue-sized cells, every step traced (pyllamaspec.bench.trace) for replay: R rounds (default 8)
+# the grid of issue-sized cells, every step traced (pyllamaspec.bench.trace) for replay: R rounds (default 8);
+# FRESH=1: every run in a session of its own (step_cost.py --fresh)
 grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
     local name=$1 m=$2 d=$3 arms=$4 depth=$5 levels=$6; shift 6
     mkdir -p "$OUT/res"
     python3 -P benchmarks/step_cost.py -m "$m" -md "$d" --arms "$arms" --depth "$depth" --synth "$levels" \
-        --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" "$@"
+        --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" \
+        ${FRESH:+--fresh} "$@"
 }
 phase_g27() { phase_synth27 && grid "h200-27b-d0${TAG:-}" /tmp/m/t27.gguf /tmp/m/d27.gguf "${ARMS:-plain,n3,n5,n7,adaptive7,sweep}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"; }
 # a feature-reading drafter's catch-up after G plain steps (gapG arms, natural acceptance): 27B + DFlash2, 35B-A3B + DFlash
