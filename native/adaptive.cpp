@@ -59,6 +59,14 @@ constexpr int32_t WHOLE_MIN = 6;
 constexpr int32_t EXPLORE_RUN = 12;
 constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
 constexpr double HOLD_MARGIN = 0.03;      // a lone stream leaves its draft length for one priced better by this
+// or for one that leads it step after step by less (switch_lead): what it would have saved, less HOLD_DRIFT of each
+// step, summed until it pays the change in full and at least HOLD_EVIDENCE of a step (a lead of 2.5% within ten
+// steps, of 2% within twenty, of 1.5% or less never: lengths that price alike are not traded for noise). A change
+// priced over a few steps needs a lead no length has over its neighbour, so a prompt's first choice was kept for the
+// whole answer where another was 5-9% better a token by then (the 27B + DFlash2 at 16 384, H200 costs replayed after
+// acceptance rose from 0.6 to 0.8: 3 held on 28% of the next four answers' steps, 0.95 of n5)
+constexpr double HOLD_DRIFT = 0.015;
+constexpr double HOLD_EVIDENCE = 0.10;
 constexpr int32_t KEPT_GRAPHS = 8;        // a context keeps a graph per batch shape in this many slots (patch 0010):
                                           // a lone stream's batches of n and n + 8 tokens share one
 
@@ -859,7 +867,8 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
 
 std::vector<int32_t> controller::best_lengths(const step_view & v, const std::vector<int32_t> & active,
                                               const std::vector<int32_t> & pending, std::vector<int32_t> k,
-                                              double expect, int32_t explore_cap, std::vector<double> & lone_rate) const {
+                                              double expect, int32_t explore_cap, std::vector<double> & lone_rate,
+                                              lead_view & lead) const {
     // candidate rows of the streams that are on - and of those off whose step has a free draft (off means their
     // drafter does not pay; a free draft costs only its verify rows, and its own acceptance judges it) - best
     // survival first
@@ -908,6 +917,7 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // it gains more than that within the window
     double parts = 0.0;  // the last step_cost's figure by the parts alone
     double leave = 0.0;  // the last step_cost's change from plain decoding, left out of its figure
+    double paid = 0.0;   // the last step_cost's change between drafting lengths, in its figure
     auto step_cost = [&](const std::vector<int32_t> & kk) {
         int32_t t = 0;
         for (int32_t i = 0; i < v.n; ++i) {
@@ -918,6 +928,7 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         const bool plain_side = t == v.n_active || from_plain;
         const double change = tok_from > 0 && t != tok_from ? (plain_side ? cold : cold / SWITCH_SPREAD) : 0.0;
         leave = from_plain ? change : 0.0;
+        paid = change - leave;
         return predict_priced(kk, active, pending, v.bucket, v.free, &parts) + first_runs_ms(t, v.cells, expect) +
                (change - leave);
     };
@@ -943,6 +954,11 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
         if (r.stream == lone && k[r.stream] == held) {
             held_rate = rate;
         }
+        if (r.stream == lone && k[r.stream] != held && expect / (cost - paid) > lead.rate) {
+            lead.k = k[r.stream];  // the lone stream's best other length, its change left out
+            lead.rate = expect / (cost - paid);
+            lead.tokens = expect;
+        }
         best_whole = std::max(best_whole, expect / (cost + leave));
         if (rate > best_rate) {
             best_rate = rate;
@@ -955,7 +971,28 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     if (held_rate > 0.0 && best[lone] > 0 && best[lone] != held && best_rate < held_rate * (1.0 + HOLD_MARGIN)) {
         best[lone] = held;
     }
+    lead.held = held_rate > 0.0 && best[lone] == held ? held : -1;
+    lead.held_rate = held_rate;
+    lead.change_ms = cold;
     return best;
+}
+
+void controller::switch_lead(const lead_view & lead, std::vector<int32_t> & best) {
+    for (int32_t i = 0; i < (int32_t) s_.size(); ++i) {
+        stream_state & s = s_[i];
+        if (lead.held <= 0 || best[i] != lead.held) {
+            s.lead_ms = 0.0;  // nothing held (or not this stream): no lead to build
+            continue;
+        }
+        // the time the leading length would have saved this step (its tokens at either rate), less the drift
+        const double held_ms = lead.tokens / lead.held_rate;
+        const double saved = lead.k > 0 && lead.rate > lead.held_rate ? held_ms - lead.tokens / lead.rate : 0.0;
+        s.lead_ms = std::max(0.0, s.lead_ms + saved - HOLD_DRIFT * held_ms);
+        if (lead.k > 0 && s.lead_ms >= std::max(lead.change_ms, HOLD_EVIDENCE * held_ms)) {
+            best[i] = lead.k;
+            s.lead_ms = 0.0;
+        }
+    }
 }
 
 void controller::follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
@@ -1067,7 +1104,9 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     std::vector<int32_t> k(v.n, 0);
     const double expect = plan_probes(v, active, k);
     std::vector<double> lone_rate;
-    std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap, lone_rate);
+    lead_view lead;
+    std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap, lone_rate, lead);
+    switch_lead(lead, best);
     follow_choice(v, active, best, cap, lone_rate);
     since_plain_++;
     k_out = best;

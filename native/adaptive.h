@@ -236,6 +236,7 @@ private:
         bool hopeful = false;      // the last probe found drafting would pay at an acceptance a standard error better
         int32_t steps = 0;
         int32_t k_on = 0;          // the length it drafted at when it last drafted by choice (not a probe)
+        double lead_ms = 0.0;      // what another length would have saved over the length held, lately (switch_lead)
         int32_t explore_k = 0;     // a try of a longer draft: its length, and the steps of the run left
         int32_t explore_left = 0;
         // ledger of this stream's speculative steps: its share of their time against plain decoding's
@@ -261,10 +262,22 @@ private:
     int32_t explore_cap(const step_view & v);
     double plan_probes(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & k);
     // lone_rate: where one stream is in the step, its tokens per ms by draft length as the parts price them (0: not
-    // a candidate) - what a try of a longer draft is judged by
+    // a candidate) - what a try of a longer draft is judged by; lead: where a lone stream keeps the length it holds,
+    // the best other length priced without the change to it
+    struct lead_view {
+        int32_t held = -1;        // the length kept (-1: none, or the stream changes length this step)
+        double held_rate = 0.0;   // its tokens per ms
+        int32_t k = 0;            // the best other length (0: none) ...
+        double rate = 0.0;        // ... its tokens per ms, the change to it left out
+        double tokens = 0.0;      // ... and the tokens it is expected to commit in a step
+        double change_ms = 0.0;   // what a change between lengths costs here, in full
+    };
     std::vector<int32_t> best_lengths(const step_view & v, const std::vector<int32_t> & active,
                                       const std::vector<int32_t> & pending, std::vector<int32_t> k, double expect,
-                                      int32_t explore_cap, std::vector<double> & lone_rate) const;
+                                      int32_t explore_cap, std::vector<double> & lone_rate, lead_view & lead) const;
+    // a lone stream that keeps its length while another leads it by less than HOLD_MARGIN leaves for that one once
+    // what it would have saved pays the change
+    void switch_lead(const lead_view & lead, std::vector<int32_t> & best);
     void follow_choice(const step_view & v, const std::vector<int32_t> & active, std::vector<int32_t> & best,
                        int32_t explore_cap, const std::vector<double> & lone_rate);
 
