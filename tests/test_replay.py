@@ -258,6 +258,27 @@ def test_a_length_that_leads_the_one_held_step_after_step_is_taken_within_the_an
     assert statistics.mean(vs_n5) >= 0.895, vs_n5  # (0.91 now; 0.88 held by the margin alone)
 
 
+def test_an_answers_last_tokens_do_not_measure_the_sizes_their_shrinking_cap_makes_best():
+    # the 35B-A3B with every expert on the CPU (its H200 traces): a batch of 16 tokens costs ten plain steps, and the
+    # best case (every token lands) pays at the ceiling, so the ceiling's size is measured - twice, once. Near an
+    # answer's end the cap shrinks (14, 13, ... tokens left) and each size it made best was measured in turn, two
+    # probes of 11-15 tokens an answer at zero acceptance; sizes below one measured twice are interpolated instead
+    from pyllamaspec.controller import Controller
+
+    arms = [a for f in ("h200-35b-a3b-cpumoe-d0-long8.json.gz", "h200-35b-a3b-cpumoe-d0-v9.json.gz")
+            for a in trace.load(TRACES / f)]
+    model = replay.CostModel.from_arms(arms, depth=0)
+    for seed in (1, 2, 3):
+        ctl = Controller(15, 1, kind=model.kind, adaptive=True, seed=seed, kv_window=model.kv_window)
+        long_probes = {}
+        for rnd in range(3):
+            res = replay.simulate(model, "adaptive", replay.Acceptance.bernoulli(0.0, seed=seed), 15, n_predict=256,
+                                  generations=8, seed=seed, controller=ctl)
+            long_probes[rnd] = sum(n for k, n in res.k_hist.items() if k > 1)
+        assert long_probes[0] <= 2, (seed, long_probes)  # the ceiling measured twice (5-9 such probes before)
+        assert long_probes[1] == long_probes[2] == 0, (seed, long_probes)
+
+
 def model_27b() -> replay.CostModel:
     return replay.CostModel.from_arms(trace.load(TRACES / "h200-27b-dflash2-d0-window.json.gz"), depth=0)
 
