@@ -971,6 +971,7 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     if (held_rate > 0.0 && best[lone] > 0 && best[lone] != held && best_rate < held_rate * (1.0 + HOLD_MARGIN)) {
         best[lone] = held;
     }
+    lead.stream = lone;
     lead.held = held_rate > 0.0 && best[lone] == held ? held : -1;
     lead.held_rate = held_rate;
     lead.change_ms = cold;
@@ -979,19 +980,21 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
 
 void controller::switch_lead(const lead_view & lead, std::vector<int32_t> & best) {
     for (int32_t i = 0; i < (int32_t) s_.size(); ++i) {
-        stream_state & s = s_[i];
-        if (lead.held <= 0 || best[i] != lead.held) {
-            s.lead_ms = 0.0;  // nothing held (or not this stream): no lead to build
-            continue;
+        if (i != lead.stream || lead.held <= 0) {
+            s_[i].lead_ms = 0.0;  // not the lone stream, or it keeps no length: no lead to build
         }
-        // the time the leading length would have saved this step (its tokens at either rate), less the drift
-        const double held_ms = lead.tokens / lead.held_rate;
-        const double saved = lead.k > 0 && lead.rate > lead.held_rate ? held_ms - lead.tokens / lead.rate : 0.0;
-        s.lead_ms = std::max(0.0, s.lead_ms + saved - HOLD_DRIFT * held_ms);
-        if (lead.k > 0 && s.lead_ms >= std::max(lead.change_ms, HOLD_EVIDENCE * held_ms)) {
-            best[i] = lead.k;
-            s.lead_ms = 0.0;
-        }
+    }
+    if (lead.stream < 0 || lead.held <= 0) {
+        return;
+    }
+    double & lead_ms = s_[lead.stream].lead_ms;
+    // the time the leading length would have saved this step (its tokens at either rate), less the drift
+    const double held_ms = lead.tokens / lead.held_rate;
+    const double saved = lead.k > 0 && lead.rate > lead.held_rate ? held_ms - lead.tokens / lead.rate : 0.0;
+    lead_ms = std::max(0.0, lead_ms + saved - HOLD_DRIFT * held_ms);
+    if (lead.k > 0 && lead_ms >= std::max(lead.change_ms, HOLD_EVIDENCE * held_ms)) {
+        best[lead.stream] = lead.k;
+        lead_ms = 0.0;
     }
 }
 
@@ -1170,10 +1173,8 @@ int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const
         if (drafting_owed(bucket)) {
             return std::min(cap, PROBE_K + 1);  // one further decode: its cost is measured too
         }
-        for (int32_t n_tok = 1 + cap; n_tok <= 1 + std::max(cap, p_.n_max); ++n_tok) {
-            if (target_.measured_for(n_tok, bucket, 1)) {
-                return 0;  // measured at this size or beyond: the sizes below are interpolated, not guessed
-            }
+        if (target_.measured_in(1 + cap, 1 + std::max(cap, p_.n_max), bucket, 1)) {
+            return 0;  // measured at this size or beyond: the sizes below are interpolated, not guessed
         }
         return cap;
     }
@@ -1186,14 +1187,8 @@ int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const
     // sizes between are interpolated, not measured - each answer's end would otherwise measure the sizes its
     // shrinking cap makes best, one after another (the 35B-A3B with its experts on the CPU: 5-9 probes of 11-15
     // tokens, ten plain steps each, in 8 answers at zero acceptance, where short probes would have learnt more of it)
-    if (best == cap && cap < p_.n_max) {
-        for (int32_t n_tok = 2 + cap; n_tok <= 1 + p_.n_max; ++n_tok) {
-            if (target_.measured_for(n_tok, bucket, 2)) {
-                return std::min(cap, PROBE_K);
-            }
-        }
-    }
-    return best;
+    const bool cut_short = best == cap && cap < p_.n_max;
+    return cut_short && target_.measured_in(2 + cap, 1 + p_.n_max, bucket, 2) ? std::min(cap, PROBE_K) : best;
 }
 
 bool controller::drafting_owed(int32_t bucket) const {

@@ -80,8 +80,9 @@ public:
     // measured at least min_count times here, or - where this depth has only a calibration step or nothing - where
     // predict() looks for it (a neighbouring depth's curve, else any depth's sizes)
     bool measured_for(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
-    // the same for any size up to n_tokens
+    // the same for any size up to n_tokens, and for any size from lo to hi
     bool measured_upto(int32_t n_tokens, int32_t bucket, int32_t min_count) const;
+    bool measured_in(int32_t lo, int32_t hi, int32_t bucket, int32_t min_count) const;
     bool has_any() const;
     void clear();
     // the size's own cost learnt from steady runs at this depth (no envelope, nothing borrowed), -1 where none
@@ -119,7 +120,6 @@ private:
     bucket_data b_[N_BUCKETS];
     int32_t index_of(int32_t n_tokens, int32_t bucket) const;  // the size's place among this depth's sizes, -1: none
     double predict_in(const bucket_data & b, int32_t n_tokens) const;
-    bool measured_in(int32_t lo, int32_t hi, int32_t bucket, int32_t min_count) const;
     double predict_confirmed(const bucket_data & b, int32_t n_tokens) const;  // from sizes seen twice; 0: none
     // the nearest bucket with at least min_keys sizes (2: the curve predict() borrows for a bucket; -1: none)
     int32_t nearest(int32_t bucket, size_t min_keys) const;
@@ -265,7 +265,8 @@ private:
     // a candidate) - what a try of a longer draft is judged by; lead: where a lone stream keeps the length it holds,
     // the best other length priced without the change to it
     struct lead_view {
-        int32_t held = -1;        // the length kept (-1: none, or the stream changes length this step)
+        int32_t stream = -1;      // the lone stream (-1: none)
+        int32_t held = -1;        // the length it keeps (-1: none, or it changes length this step)
         double held_rate = 0.0;   // its tokens per ms
         int32_t k = 0;            // the best other length (0: none) ...
         double rate = 0.0;        // ... its tokens per ms, the change to it left out

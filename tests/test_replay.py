@@ -261,8 +261,8 @@ def test_a_length_that_leads_the_one_held_step_after_step_is_taken_within_the_an
 def test_an_answers_last_tokens_do_not_measure_the_sizes_their_shrinking_cap_makes_best():
     # the 35B-A3B with every expert on the CPU (its H200 traces): a batch of 16 tokens costs ten plain steps, and the
     # best case (every token lands) pays at the ceiling, so the ceiling's size is measured - twice, once. Near an
-    # answer's end the cap shrinks (14, 13, ... tokens left) and each size it made best was measured in turn, two
-    # probes of 11-15 tokens an answer at zero acceptance; sizes below one measured twice are interpolated instead
+    # answer's end the cap shrinks (14, 13, ... tokens left) and each size it made best was measured in turn, 5-9
+    # probes of 11-15 tokens in 8 answers at zero acceptance; sizes below one measured twice are interpolated instead
     from pyllamaspec.controller import Controller
 
     arms = [a for f in ("h200-35b-a3b-cpumoe-d0-long8.json.gz", "h200-35b-a3b-cpumoe-d0-v9.json.gz")
