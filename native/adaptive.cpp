@@ -86,7 +86,7 @@ int cost_table::bucket_of(int32_t depth) {
     return b;
 }
 
-void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool steady) {
+void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool steady, bool cold) {
     if (!(ms >= 0.0) || !std::isfinite(ms) || n_tokens < 1) {
         return;
     }
@@ -137,10 +137,13 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         double & cell = b.ms[i];
         if (b.count[i]++ == 1) {
             // the second run of a size replaces a first run that paid a warm-up - or one that was capped (the
-            // prediction it was capped by was a guess: this run says what the size really costs)
-            cell = b.capped[i] ? ms : std::min(cell, ms);
-            b.capped[i] = 0;
-        } else {
+            // prediction it was capped by was a guess: this run says what the size really costs) - unless it ran
+            // cold itself: then it only lowers the guess (a probe's batch of 2 right after one of 16, each its size's
+            // first run after a prompt, cost the 35B-A3B + DFlash 26 ms on an H200 where a warm one costs 5: taken as
+            // the size's cost, no draft length could pay, and the stream never drafted again)
+            cell = b.capped[i] && !cold ? ms : std::min(cell, ms);
+            b.capped[i] = cold ? b.capped[i] : 0;
+        } else if (!cold) {
             // a stall is one-sided: a run far dearer than the size's cost moves it by at most STALL_STEP of itself
             const double x = std::clamp(ms, cell / 3.0, cell * (1.0 + STALL_STEP / EMA));
             cell += EMA * (x - cell);
@@ -1318,12 +1321,16 @@ bool controller::cold_dear(int32_t bucket) const {
     return plain > 0.0 && cold_ms() > COLD_DEAR * plain;
 }
 
+bool controller::first_runs_dear(int32_t bucket) const {
+    const double plain = plain_step_ms(1, bucket);
+    return plain > 0.0 && first_seen_[0] && first_ms_[0] > COLD_DEAR * plain;
+}
+
 bool controller::probes_dear(int32_t bucket) const {
     // a probe changes the batch size: dear where that costs a cold run, or where its size owes its first runs (a
     // GPU's graphs kept by shape make a change between sizes that ran cheap, but a probe after plain steps finds
     // its size new to the window, or to a new prompt, most times)
-    const double plain = plain_step_ms(1, bucket);
-    return cold_dear(bucket) || (plain > 0.0 && first_seen_[0] && first_ms_[0] > COLD_DEAR * plain);
+    return cold_dear(bucket) || first_runs_dear(bucket);
 }
 
 double controller::probe_fixed_ms(double predicted, int32_t bucket) const {
@@ -1440,7 +1447,7 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             ms = seen ? ms + EMA * (excess - ms) : excess;
             seen = true;
         }
-        target_.observe(t.n_tok, t.bucket, o.t_target_ms, steady);
+        target_.observe(t.n_tok, t.bucket, o.t_target_ms, steady, runs < 2 && first_runs_dear(t.bucket));
     }
     tok_prev_[1] = tok_prev_[0];
     tok_prev_[0] = o.t_target_ms >= 0.0 ? t.n_tok : 0;

@@ -70,8 +70,11 @@ public:
     static int bucket_of(int32_t depth);
 
     // steady: the same size ran in the steps before (false: a one-off run, which on a GPU pays its graph's capture
-    // or an eager run; once a size was measured in steady runs its one-off runs are not learnt from)
-    void observe(int32_t n_tokens, int32_t bucket, double ms, bool steady = true);
+    // or an eager run; once a size was measured in steady runs its one-off runs are not learnt from). cold: one of
+    // the size's first runs in its KV window, where those are dear (a GPU's graph built, run eagerly, captured): a
+    // size's first run is taken as ever (capped by what the sizes measured predict); later cold runs never raise what a
+    // size is believed to cost
+    void observe(int32_t n_tokens, int32_t bucket, double ms, bool steady = true, bool cold = false);
     // predicted cost; falls back to the nearest shallower bucket with data, then to prior(n_tokens)
     double predict(int32_t n_tokens, int32_t bucket) const;
     bool known(int32_t bucket) const;
@@ -307,6 +310,7 @@ private:
     // a probe is dear here: a change of batch size is (cold_dear), or a size's first runs in a window are (a new
     // prompt then keeps its stream's probe schedule)
     bool probes_dear(int32_t bucket) const;
+    bool first_runs_dear(int32_t bucket) const;  // a size's first runs in a KV window cost a good share of a plain step
     bool once_is_enough(int32_t bucket) const;  // a one-off run is as good as a steady one here (cold runs cheap)
     // a probe's draft length: PROBE_K to learn acceptance, longer where the best case (every token landing) rests
     // on a batch size never measured twice here (then that size is what to measure; only for a stream alone in

@@ -62,7 +62,9 @@ CASES = {
     "h200-7b-draft-d0-n128-v9.json.gz": (8, (2, 4), {0.0: 0.99, 0.3: 0.97, 0.6: 0.96, 0.8: 0.97, 0.9: 0.96}),
     # (p 0.8 since probes learn their cost: 0.92-0.94 over 4 seeds, where plain and n3 price alike and the adaptive arm
     # stays off; the bound lowered by the rule)
-    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.89, 0.3: 0.9, 0.6: 0.9, 0.8: 0.9, 0.9: 0.93}),
+    # (p 0.9 lowered by the rule to 0.91 since a size's first runs in a KV window only bound what a one-off size is
+    # believed to cost: seed 1 0.933 -> 0.929, the mean of 4 seeds 0.939 -> 0.960)
+    "h200-35b-a3b-cpumoe-d0-v9.json.gz": (15, (3, 7), {0.0: 0.89, 0.3: 0.9, 0.6: 0.9, 0.8: 0.9, 0.9: 0.91}),
     # with graphs kept by shape (patch 0010: a change of batch size 0.8-1.3 ms cheaper on the 35B-A3B and the 27B),
     # 64 tokens, the single-graph arms left out of the trace. Bounds: the same rule
     "h200-35b-a3b-dflash-d0-graphs.json.gz": (15, (3, 7), {0.0: 0.98, 0.3: 0.96, 0.6: 0.99, 0.8: 0.96, 0.9: 0.85}),
@@ -277,6 +279,18 @@ def test_an_answers_last_tokens_do_not_measure_the_sizes_their_shrinking_cap_mak
             long_probes[rnd] = sum(n for k, n in res.k_hist.items() if k > 1)
         assert long_probes[0] <= 2, (seed, long_probes)  # the ceiling measured twice (5-9 such probes before)
         assert long_probes[1] == long_probes[2] == 0, (seed, long_probes)
+
+
+def test_probes_that_miss_do_not_price_drafting_by_their_cold_runs():
+    # the 35B-A3B + DFlash (its H200 trace, ceiling 15) at p 0.8, where n3 runs 1.55x plain. A probe's batch after plain
+    # steps is often its size's first or second run after a prompt (a GPU's graph built, run eagerly, captured): a batch
+    # of 2 right after one of 16 cost 26 ms, a warm one 5. Taken as the size's cost once the first probes missed, it
+    # priced every draft length above plain decoding, and the stream never drafted again (3 seeds of 8 at 1.05x plain);
+    # such runs now only bound what a size measured in no warm run is believed to cost
+    model = replay.CostModel.from_arms(trace.load(TRACES / "h200-35b-a3b-dflash-d0-n128-switch24.json.gz"), depth=0)
+    for seed in range(1, 9):
+        row = replay.summarize(replay.grid(model, 15, [0.8], (3,), rounds=3, seed=seed))[0]
+        assert row["adaptive_x_plain"] >= 1.4, (seed, row)  # (1.53-1.62 now; 1.05 where it stopped drafting)
 
 
 def model_27b() -> replay.CostModel:
