@@ -354,3 +354,29 @@ def test_the_controller_refuses_per_stream_lists_of_another_length():
         c.choose([4], [10, 10])
     with pytest.raises(ConfigError, match="n_streams=0"):
         Controller(4, n_streams=0)
+
+
+def test_the_replay_command_takes_a_seed_and_refuses_what_it_cannot_use(capsys, tmp_path):
+    import json
+
+    name = "h200-7b-draft-d0.json"
+    args = [str(TRACES / name), "--levels", "0.8", "--rounds", "1", "--generations", "2", "--json"]
+    model = replay.CostModel.from_arms(trace.load(TRACES / name), depth=0)
+    for seed in (1, 3):
+        assert replay.main(args + ["--seed", str(seed)]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        want = replay.summarize(replay.grid(model, 8, [0.8], [2, 4, 8], generations=2, rounds=1, seed=seed))
+        assert rows[0]["ms_per_token"] == pytest.approx(want[0]["ms_per_token"])
+    not_a_trace = tmp_path / "notes.json"
+    not_a_trace.write_text("[1, 2]")
+    for bad, says in ((["--seed", "-1"], "--seed -1: give a seed from 0"), (["--rounds", "0"], "--rounds 0: give 1 or more"),
+                      (["--levels", "0,1.5"], "lie within 0..1"), (["--levels", "x"], "--levels takes acceptance levels"),
+                      (["--fixed", "0"], "draft lengths are 1 or more"), (["--n-max", "99"], "n_max=99 must be within"),
+                      (["--depth", "5"], "no steps at that depth")):
+        with pytest.raises(SystemExit) as e:
+            replay.main([str(TRACES / name)] + bad)
+        assert e.value.code == 2 and says in capsys.readouterr().err, bad
+    for path, says in ((tmp_path / "none.json", "cannot read a trace"), (not_a_trace, "not a trace of")):
+        with pytest.raises(SystemExit):
+            replay.main([str(path)])
+        assert says in capsys.readouterr().err

@@ -461,23 +461,47 @@ def main(argv=None) -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1,
+                    help="the acceptance draws' and the controller's seed (the tests' bounds hold at seed 1)")
     ap.add_argument("--kv-window", type=int, default=0,
                     help="replay as if the KV cache's view grew in steps of this many cells (default: the traces')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    arms = [a for p in args.traces for a in tracefile.load(p)]
-    model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
+    if not 0 <= args.seed < 2**32:
+        ap.error(f"--seed {args.seed}: give a seed from 0 to {2**32 - 1}")
+    for name in ("n_predict", "generations", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: give 1 or more")
+    try:
+        levels = [float(x) for x in args.levels.split(",")]
+        fixed_given = [int(x) for x in args.fixed.split(",") if x]
+    except ValueError as e:
+        ap.error(f"--levels takes acceptance levels (0,0.3,0.6), --fixed draft lengths (3,5): {e}")
+    if not all(0.0 <= x <= 1.0 for x in levels):
+        ap.error(f"--levels {args.levels}: acceptance levels lie within 0..1")
+    if any(k < 1 for k in fixed_given):
+        ap.error(f"--fixed {args.fixed}: draft lengths are 1 or more (plain decoding is always compared)")
+    try:
+        arms = [a for p in args.traces for a in tracefile.load(p)]
+        model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
+    except OSError as e:
+        ap.error(f"cannot read a trace: {e}")
+    except (ValueError, KeyError, TypeError, IndexError, EOFError) as e:
+        ap.error(f"not a trace of benchmarks/step_cost.py --trace ({type(e).__name__}: {e}), or no steps at that depth")
     if args.kv_window:
         try:
             check_kv_window(args.kv_window, "")
         except ConfigError as e:
             ap.error(f"--kv-window: {e}")
         model = dataclasses.replace(model, kv_window=args.kv_window)
-    fixed = [int(x) for x in args.fixed.split(",") if x] or sorted(
+    fixed = fixed_given or sorted(
         {a["setup"]["n_max"] for a in arms if a["arm"].startswith("n") and a["arm"][1:].isdigit()})
     n_max = args.n_max or max([a["setup"]["n_max"] for a in arms if a["arm"].startswith("adaptive")] or fixed)
-    rows = summarize(grid(model, n_max, [float(x) for x in args.levels.split(",")], fixed, n_predict=args.n_predict,
-                          generations=args.generations, rounds=args.rounds))
+    try:
+        rows = summarize(grid(model, n_max, levels, fixed, n_predict=args.n_predict,
+                              generations=args.generations, rounds=args.rounds, seed=args.seed))
+    except ConfigError as e:
+        ap.error(str(e))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
