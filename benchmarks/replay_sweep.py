@@ -99,6 +99,8 @@ def main(argv=None) -> int:
             before = json.loads(args.compare.read_text())
         except (OSError, ValueError) as e:
             ap.error(f"--compare {args.compare}: {e}")
+        if not isinstance(before, dict) or not all(isinstance(v, dict) and "x_best" in v for v in before.values()):
+            ap.error(f"--compare {args.compare}: not the cells of an earlier --json")
     cells = sweep(args.cases, seeds, levels, args.only)
     if not cells:
         ap.error(f"no {args.cases} case's trace name holds {args.only!r}")

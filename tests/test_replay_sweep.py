@@ -36,9 +36,11 @@ def test_a_sweep_writes_a_cell_per_case_level_and_seed_as_the_replay_figures_it(
 
 
 def test_a_sweep_refuses_what_it_cannot_use(sweep, tmp_path, capsys):
+    (tmp_path / "list.json").write_text("[1, 2]")
     for bad, says in ((["--seeds", "x"], "--seeds takes seeds"), (["--levels", "2"], "levels within 0..1"),
                       (["--only", "no-such-trace"], "trace name holds 'no-such-trace'"),
-                      (["--compare", str(tmp_path / "none.json")], "--compare")):
+                      (["--compare", str(tmp_path / "none.json")], "--compare"),
+                      (["--compare", str(tmp_path / "list.json")], "not the cells of an earlier --json")):
         with pytest.raises(SystemExit) as e:
             sweep.main(["--cases", "short", "--levels", "0.8", "--seeds", "1"] + bad)
         assert e.value.code == 2 and says in capsys.readouterr().err, bad
