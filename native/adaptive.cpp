@@ -521,6 +521,7 @@ void controller::reset_stream(int32_t stream) {
     // count as a size's first runs, not as what a change between sizes costs (taken for that, they priced every
     // change of draft length at two steps, and the loop kept the length it had)
     std::fill(size_runs_.begin(), size_runs_.end(), size_runs{});
+    std::fill(draft_runs_.begin(), draft_runs_.end(), size_runs{});  // (a draft model's graphs alike: 1.5 -> 2.2 ms, H100)
     s.explore_left = 0;
     s.probing = false;
     // (a second reset before any step - a session resets its streams, then starts the prompt's - changes nothing)
@@ -1289,6 +1290,22 @@ int32_t controller::window_of(int32_t cells, int32_t n_tok) const {
     return std::max(0, cells + n_tok - 1) / p_.kv_window;
 }
 
+int32_t controller::note_run(std::vector<size_runs> & runs, int32_t n_tok, int32_t window) {
+    if (n_tok < 0 || n_tok >= cost_table::MAX_T) {
+        return 2;  // (prompt-sized batches are not tracked: their graphs are not kept)
+    }
+    if ((int32_t) runs.size() <= n_tok) {
+        runs.resize(n_tok + 1);
+    }
+    const int32_t before = runs[n_tok].window == window ? runs[n_tok].runs : 0;
+    // the graph of a size KEPT_GRAPHS apart is in the same slot: built over by this one
+    for (int32_t n = n_tok % KEPT_GRAPHS; n < (int32_t) runs.size(); n += KEPT_GRAPHS) {
+        runs[n].runs = 0;
+    }
+    runs[n_tok] = { window, std::min(before + 1, 2) };
+    return before;
+}
+
 int32_t controller::runs_in_window(int32_t n_tok, int32_t window) const {
     if (n_tok < 0 || n_tok >= (int32_t) size_runs_.size()) {
         return n_tok >= cost_table::MAX_T ? 2 : 0;  // (prompt-sized batches are not tracked: their graphs are not kept)
@@ -1425,17 +1442,7 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
     if (o.t_target_ms >= 0.0) {
         // (a size's first runs in a KV window are never steady: its graph is built for the window, then captured)
         const int32_t window = window_of(t.cells, t.n_tok);
-        const int32_t runs = runs_in_window(t.n_tok, window);
-        if (t.n_tok < cost_table::MAX_T) {
-            if ((int32_t) size_runs_.size() <= t.n_tok) {
-                size_runs_.resize(t.n_tok + 1);
-            }
-            size_runs_[t.n_tok] = { window, std::min(runs + 1, 2) };
-            // the graph of a size KEPT_GRAPHS apart is in the same slot: built over by this one
-            for (int32_t n = t.n_tok % KEPT_GRAPHS; n < (int32_t) size_runs_.size(); n += KEPT_GRAPHS) {
-                size_runs_[n].runs = n == t.n_tok ? size_runs_[n].runs : 0;
-            }
-        }
+        const int32_t runs = note_run(size_runs_, t.n_tok, window);
         const bool steady = runs >= 2 && t.n_tok == tok_prev_[0] && t.n_tok == tok_prev_[1];
         const double ref = runs < 2 ? target_.reference(t.n_tok, t.bucket) : target_.steady_cost(t.n_tok, t.bucket);
         // a one-off run dearer than COLD_MAX steady runs of its size stalled (a page fault, another process): it
@@ -1454,12 +1461,25 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
     double draft_ms = 0.0;
     if (t.n_drafting > 0) {
         if (p_.kind == DRAFTER_MODEL) {
+            // the draft model's batches are a target's in small: where a size's first runs in a window are dear (a
+            // GPU's), they are not what the size costs in a run of drafts. Taken for it, they priced drafting out:
+            // the 7B pair's drafter on an H100 decoded 1-2 rows in 3-5 ms on its first two runs against 1.2-1.5 ms
+            // after, and probes - whose decodes are first runs, most of them - kept the stream plain at an acceptance
+            // of 0.8, where drafting 2 was 15% faster
+            const bool dear = first_runs_dear(t.bucket);
+            const int32_t window = window_of(t.cells, 1);
             if (t.n_model > 0) {
-                draft_first_.observe(t.first, t.bucket, o.t_draft_first_ms);
+                const int32_t runs = note_run(draft_runs_, t.first, window_of(t.cells, t.first));
+                draft_first_.observe(t.first, t.bucket, o.t_draft_first_ms, !dear || runs >= 2, dear && runs < 2);
             }
             if (t.n_model > 0 && o.n_draft_iters > 0) {
                 const int32_t per_iter = std::max(1, (int32_t) std::lround((double) t.rest_rows / o.n_draft_iters));
-                draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters);
+                const int32_t runs = note_run(draft_runs_, per_iter, window);
+                for (int32_t j = 1; j < o.n_draft_iters; ++j) {
+                    note_run(draft_runs_, per_iter, window);
+                }
+                draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters, !dear || runs >= 2,
+                                    dear && runs < 2);
             }
             draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model
         } else {

@@ -353,6 +353,11 @@ private:
         int32_t runs = 0;  // in that window, at most 2
     };
     std::vector<size_runs> size_runs_;   // by target batch size
+    // and by a draft model's batch size (a step's first decode: catch-up + 1 rows; its further decodes: one row a
+    // stream), whose graphs are built and captured the same way
+    std::vector<size_runs> draft_runs_;
+    // the runs of size n_tok in `window` before this one (0, 1 or 2: twice or more), this one counted in `runs`
+    static int32_t note_run(std::vector<size_runs> & runs, int32_t n_tok, int32_t window);
     double first_ms_[2] = { 0.0, 0.0 };  // a size's first and second run in a window, beyond its steady cost
     bool first_seen_[2] = { false, false };
     // what a lone stream's probe step cost beyond a plain step, as measured (its batch's first runs in a new window, a

@@ -94,6 +94,33 @@ class Controller:
         if self._lib.pls_controller_reset_stream(self._ctl, stream) != 0:
             raise ConfigError(f"no stream {stream}")
 
+    def learnt_costs(self) -> list[tuple[int, int, int, int, float]]:
+        """What it measured, as (table, depth bucket, tokens, count, ms) points - a session's learnt_costs(), which
+        its cost cache keeps for the next session of the same setup."""
+        n = self._lib.pls_controller_export_costs(self._ctl, self._ffi.NULL, 0)
+        if n < 0:
+            raise ConfigError(f"pls_controller_export_costs failed ({n})")
+        buf = self._ffi.new("pls_cost_point[]", max(1, n))
+        n = self._lib.pls_controller_export_costs(self._ctl, buf, n)
+        return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+
+    def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
+        """Start from costs another controller (or session) learnt, as a session does from its cost cache. A
+        malformed point raises ConfigError and nothing is imported."""
+        try:
+            pts = [tuple(p) for p in points]
+        except TypeError as e:
+            raise ConfigError(f"cost points must be a list of (table, bucket, n_tokens, count, ms), not {points!r}") from e
+        buf = self._ffi.new("pls_cost_point[]", max(1, len(pts)))
+        for i, p in enumerate(pts):
+            try:
+                table, bucket, n_tokens, count, ms = p
+                buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count, buf[i].ms = table, bucket, n_tokens, count, ms
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ConfigError(f"cost point {i} {p!r} must be (table, bucket, n_tokens, count, ms) numbers") from e
+        err = _native.ErrorBuffer(self._ffi)
+        _native.check(self._lib.pls_controller_import_costs(self._ctl, buf, len(pts), err.buf, err.SIZE), err, ConfigError)
+
     def info(self):
         """pls_adaptive_info: the costs and acceptance it has learnt (native struct)."""
         o = self._ffi.new("pls_adaptive_info *")

@@ -70,13 +70,44 @@ def _steady_targets(arms: Sequence[dict], depth: int | None) -> dict:
     return {n: statistics.median(v) for n, v in out.items()}
 
 
+def _drafter_cold(arm: dict, n_max: int, out: dict) -> None:
+    """A draft model's first runs of each batch size in an arm's session (its warm-up round included): what they
+    cost beyond the size's steady cost (the median of its later runs), by run (0 or 1) into `out`. A step's first
+    decode runs catch-up + 1 rows, its further decodes one row each; catch-ups longer than a draft (after plain
+    steps) are priced by what they caught up, not here."""
+    steps = [s for rnd in ([arm["warmup"]] if arm.get("warmup") else []) + arm["rounds"] for s in rnd
+             if s["n_active"] == 1 and not s["n_prompt"] and s["drafted"] > 0 and s["t_draft_first"] > 0]
+    if not arm.get("warmup"):
+        return  # a trace without its warm-up round: the first runs it shows came after the real ones
+    runs: dict = {}
+    seen = []  # (size, run, ms) of first decodes and of single further decodes
+    for s in steps:
+        size = s["catchup"] + 1
+        r = runs.get(size, 0)
+        runs[size] = r + 1
+        if s["catchup"] <= n_max + 1:
+            seen.append((size, r, s["t_draft_first"]))
+        for _ in range(s["draft_iters"]):
+            r = runs.get(1, 0)
+            runs[1] = r + 1
+            if s["draft_iters"] == 1:
+                seen.append((1, r, s["t_draft_rest"]))
+    steady: dict = {}
+    for size, r, ms in seen:
+        if r >= 2:
+            steady.setdefault(size, []).append(ms)
+    for size, r, ms in seen:
+        if r < 2 and len(steady.get(size, ())) >= 4:
+            out.setdefault(r, []).append(max(0.0, ms - statistics.median(steady[size])))
+
+
 def _run_in_window(graphs: dict, n: int, depth: int, kv_window: int = KV_WINDOW) -> int:
     """Runs of batch size n in the KV window of a batch at this depth before this one (0, 1 or 2: twice or more),
     counting this one in `graphs` (size -> (window, runs)), a session's record of the graphs it built."""
     window = (depth + n - 1) // kv_window
     w, runs = graphs.get(n, (-1, 0))
     runs = runs if w == window else 0
-    for m in [m for m in graphs if m % KEPT_GRAPHS == n % KEPT_GRAPHS]:
+    for m in [m for m in graphs if isinstance(m, int) and m % KEPT_GRAPHS == n % KEPT_GRAPHS]:
         graphs[m] = (-1, 0)  # the same slot: built over by this size's graph
     graphs[n] = (window, min(runs + 1, 2))
     return runs
@@ -99,6 +130,9 @@ class CostModel:
     draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
     draft_rest_by: dict = field(default_factory=dict) # draft model: further decodes of a step -> [ms of them all]
+    # draft model: what a decode of a batch size the drafter had run 0 (1) times before in its session cost beyond
+    # the size's steady cost (on a GPU its graph is built and run eagerly, then captured) -> [ms]
+    draft_cold: dict = field(default_factory=dict)
     rest: list = field(default_factory=list)          # step time beyond target and drafter -> [ms]
     # draft_first's costs of the steps that caught up about as many rows, by catch-up (built as first asked for)
     _first_near: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -119,6 +153,8 @@ class CostModel:
             # a DFlash block as long as the step's draft (patch 0007), or the session's n_max + 1 before it
             per_draft = a["setup"].get("dflash_block") == "draft"
             graphs: dict = {}  # the graphs the arm's session built, across its rounds
+            if m.kind == "model" and a["arm"] != "plain":
+                _drafter_cold(a, n_max, m.draft_cold)
             for rnd in a["rounds"]:
                 prev: list[int] = []
                 prev_k = 0
@@ -352,6 +388,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
     starts at the model's depth, as a benchmark's do; graphs: the session's record of the batch sizes it ran in
     each KV window (pass one to keep it across calls, as a session keeps its graphs)."""
     graphs = {} if graphs is None else graphs
+    drafter = graphs.setdefault("drafter", {})  # a draft model's graphs, by its batch sizes
     rng = random.Random(seed)
     fixed = int(arm[1:]) if arm.startswith("n") else 0
     ceiling = fixed if fixed else n_max
@@ -390,6 +427,14 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             if k > 0:
                 catchup = pending
                 first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng, steady=bool(prev) and prev[-1] == n)
+                if model.draft_cold:
+                    # a draft model's batch of a size its session ran fewer than twice: its graph's first runs
+                    d = model.draft_cold
+                    r = _run_in_window(drafter, catchup + 1, depth, model.kv_window)
+                    first += rng.choice(d[r]) if r < 2 and r in d and catchup <= ceiling + 1 else 0.0
+                    for _ in range(iters):
+                        r = _run_in_window(drafter, 1, depth, model.kv_window)
+                        rest += rng.choice(d[r]) if r < 2 and r in d else 0.0
             a = accept.accepted(pos, k)
             committed = min(a + 1, n_predict - produced)
             t_step = t_target + first + rest + call + model.rest_ms(rng)
