@@ -54,6 +54,16 @@ from pyllamaspec.bench.cotenant import GpuTelemetry
 from pyllamaspec.bench.external import packaged_speculative_simple, parse_speculative_simple_output
 
 
+def gpu_names() -> list[str]:
+    """The GPUs' names (nvidia-smi), so that a record says which card measured it; none without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
 def synth_rates(level: float, n_max: int) -> list[float] | None:
     """Unconditional acceptance of position i = level ** (i + 1): each drafted token lands with probability level."""
     if level <= 0:
@@ -251,7 +261,8 @@ def main(argv=None) -> int:
     from pyllamaspec.ggufinfo import detect_spec_types, read_summary
     spec_name = args.spec_type or detect_spec_types(read_summary(drafter_path))[0]
     record = {"spec_type": spec_name, "target": str(target_path), "drafter": str(drafter_path), "n_predict": args.n_predict,
-              "rounds": args.rounds, "cells": [], "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
+              "rounds": args.rounds, "cells": [], "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+              "gpus": gpu_names()}
     for depth in depths:
         n_ctx = depth + 32 + args.n_predict + 128
         n_ctx = ((n_ctx + 255) // 256) * 256

@@ -80,7 +80,10 @@ phase_synth35() {
 # the grid of issue-sized cells, every step traced (pyllamaspec.bench.trace) for replay: R rounds (default 8);
 # FRESH=1: every run in a session of its own (step_cost.py --fresh)
 grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
-    local name=$1 m=$2 d=$3 arms=$4 depth=$5 levels=$6; shift 6
+    local name=$1 m=$2 d=$3 arms=$4 depth=$5 levels=$6 card; shift 6
+    # records are named by the card that measured them (h200-..., h100-...), whatever the phase calls them
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'H100|H200|A100|L40S' | tr 'A-Z' 'a-z')
+    name=${card:-gpu}-${name#h200-}
     mkdir -p "$OUT/res"
     python3 -P benchmarks/step_cost.py -m "$m" -md "$d" --arms "$arms" --depth "$depth" --synth "$levels" \
         --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" \
