@@ -37,6 +37,27 @@ class Observation:
     t_step: float = 0.0
 
 
+def cost_point_array(ffi, points: Sequence[Sequence[float]]):
+    """(table, bucket, n_tokens, count, ms) points as a pls_cost_point array and its length; a malformed point raises
+    ConfigError (a session's seed_costs() and a controller's take the same)."""
+    try:
+        pts = list(points)
+    except TypeError as e:
+        raise ConfigError(f"cost points must be a list of (table, bucket, n_tokens, count, ms), not {points!r}") from e
+    buf = ffi.new("pls_cost_point[]", max(1, len(pts)))
+    for i, p in enumerate(pts):
+        try:
+            table, bucket, n_tokens, count, ms = p
+            buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count, buf[i].ms = table, bucket, n_tokens, count, ms
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"cost point {i} {p!r} must be (table, bucket, n_tokens, count, ms) numbers") from e
+    return buf, len(pts)
+
+
+def cost_point_tuples(buf, n: int) -> list[tuple[int, int, int, int, float]]:
+    return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+
+
 class Controller:
     def __init__(self, n_max: int, n_streams: int = 1, kind: str = "model", adaptive: bool = True, seed: int = 1,
                  kv_window: int = 256) -> None:
@@ -101,25 +122,14 @@ class Controller:
         if n < 0:
             raise ConfigError(f"pls_controller_export_costs failed ({n})")
         buf = self._ffi.new("pls_cost_point[]", max(1, n))
-        n = self._lib.pls_controller_export_costs(self._ctl, buf, n)
-        return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+        return cost_point_tuples(buf, self._lib.pls_controller_export_costs(self._ctl, buf, n))
 
     def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
         """Start from costs another controller (or session) learnt, as a session does from its cost cache. A
         malformed point raises ConfigError and nothing is imported."""
-        try:
-            pts = [tuple(p) for p in points]
-        except TypeError as e:
-            raise ConfigError(f"cost points must be a list of (table, bucket, n_tokens, count, ms), not {points!r}") from e
-        buf = self._ffi.new("pls_cost_point[]", max(1, len(pts)))
-        for i, p in enumerate(pts):
-            try:
-                table, bucket, n_tokens, count, ms = p
-                buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count, buf[i].ms = table, bucket, n_tokens, count, ms
-            except (TypeError, ValueError, OverflowError) as e:
-                raise ConfigError(f"cost point {i} {p!r} must be (table, bucket, n_tokens, count, ms) numbers") from e
+        buf, n = cost_point_array(self._ffi, points)
         err = _native.ErrorBuffer(self._ffi)
-        _native.check(self._lib.pls_controller_import_costs(self._ctl, buf, len(pts), err.buf, err.SIZE), err, ConfigError)
+        _native.check(self._lib.pls_controller_import_costs(self._ctl, buf, n, err.buf, err.SIZE), err, ConfigError)
 
     def info(self):
         """pls_adaptive_info: the costs and acceptance it has learnt (native struct)."""

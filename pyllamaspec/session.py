@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Sequence
 from . import _native
 from ._native import FINISH_REASONS, ROLLBACK_KINDS, constants
 from .config import INT32_MAX, MAX_DRAFT, SPEC_TYPES, SequenceParams, SessionConfig
+from .controller import cost_point_array, cost_point_tuples
 from .errors import ConfigError, ConfigTypeError, GenerationError, ParamError, SessionBusyError
 from .ggufinfo import read_summary, require_pair
 from .grammar import SamplingShape
@@ -306,28 +307,16 @@ class SpecSession(_native.NativeOwner):
                 n = self._lib.pls_session_export_costs(h, buf if room else ffi.NULL, room, err.buf, err.SIZE)
             self._raise_native(n, err)
             if n <= room:
-                return [(p.table, p.bucket, p.n_tokens, p.count, p.ms) for p in buf[0:n]]
+                return cost_point_tuples(buf, n)
             room = n + 16
 
     def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
         """Start the controller from costs measured earlier (learnt_costs() of a session of the same setup).
         A malformed point raises ConfigError and nothing is imported."""
-        ffi = self._ffi
-        try:
-            pts = list(points)
-        except TypeError as e:
-            raise ConfigError(f"cost points must be a list of (table, bucket, n_tokens, count, ms), not {points!r}") from e
-        buf = ffi.new("pls_cost_point[]", max(1, len(pts)))
-        for i, p in enumerate(pts):
-            try:
-                table, bucket, n_tokens, count, ms = p
-                buf[i].table, buf[i].bucket, buf[i].n_tokens, buf[i].count = table, bucket, n_tokens, count
-                buf[i].ms = ms
-            except (TypeError, ValueError, OverflowError) as e:
-                raise ConfigError(f"cost point {i} {p!r} must be (table, bucket, n_tokens, count, ms) numbers") from e
-        err = _native.ErrorBuffer(ffi)
+        buf, n = cost_point_array(self._ffi, points)
+        err = _native.ErrorBuffer(self._ffi)
         with self._handle.use() as h:
-            rc = self._lib.pls_session_import_costs(h, buf, len(pts), err.buf, err.SIZE)
+            rc = self._lib.pls_session_import_costs(h, buf, n, err.buf, err.SIZE)
         _native.check(rc, err, ConfigError)
 
     def _open_cost_cache(self) -> None:

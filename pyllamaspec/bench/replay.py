@@ -75,10 +75,10 @@ def _drafter_cold(arm: dict, n_max: int, out: dict) -> None:
     cost beyond the size's steady cost (the median of its later runs), by run (0 or 1) into `out`. A step's first
     decode runs catch-up + 1 rows, its further decodes one row each; catch-ups longer than a draft (after plain
     steps) are priced by what they caught up, not here."""
-    steps = [s for rnd in ([arm["warmup"]] if arm.get("warmup") else []) + arm["rounds"] for s in rnd
-             if s["n_active"] == 1 and not s["n_prompt"] and s["drafted"] > 0 and s["t_draft_first"] > 0]
     if not arm.get("warmup"):
         return  # a trace without its warm-up round: the first runs it shows came after the real ones
+    steps = [s for rnd in [arm["warmup"]] + arm["rounds"] for s in rnd
+             if s["n_active"] == 1 and not s["n_prompt"] and s["drafted"] > 0 and s["t_draft_first"] > 0]
     runs: dict = {}
     seen = []  # (size, run, ms) of first decodes and of single further decodes
     for s in steps:
