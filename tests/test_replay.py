@@ -301,7 +301,7 @@ def test_probes_that_miss_do_not_price_drafting_by_their_cold_runs():
 def cells_in_turn(model: replay.CostModel, levels, seed: int, n_predict: int = 128, answers: int = 9) -> float:
     """A benchmark's cells one after another, as `benchmarks/step_cost.py` runs them: a session per acceptance level
     (answers of n_predict tokens, the first a warm-up), each seeded by the costs the last one learnt (its cost
-    cache). Returns the last level's adaptive arm against n2: best-of speed ratio over the answers after the first."""
+    cache). Returns the last level's adaptive speed as a share of n2's, over its answers after the first."""
     costs: list = []
     for level in levels:
         ctl = Controller(8, 1, kind=model.kind, adaptive=True, seed=seed, kv_window=model.kv_window)
