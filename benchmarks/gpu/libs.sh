@@ -4,6 +4,8 @@
 # build) into .pkg/libs.tgz: `run.sh unpack` puts them over a CUDA package built earlier, so a change to the shim,
 # the loop, the controller or a patch outside ggml's backends needs no CUDA rebuild.
 # They need a glibc and libstdc++ no newer than the GPU machine's (Debian 12's gcc 12 builds run on Ubuntu 24.04).
+# LIBS names fewer (LIBS=libpyllamaspec.so: the shim alone, 0.3 MB packed against 3.9 - where only the shim changed, and
+# the carried tree, .pkg/ included, must stay within 64 MiB).
 # Built through pip into a folder of its own (the CPU build tree and ccache make that a matter of seconds after a
 # change): a build tree's ninja alone cannot rerun CMake once pip's isolated build environment is gone.
 set -euo pipefail
@@ -13,7 +15,7 @@ pkg=$(mktemp -d)
 out=$(mktemp -d)
 trap 'rm -rf "$pkg" "$out"' EXIT
 python3 -m pip install -q --no-deps --no-compile --target "$pkg" . >/dev/null
-for f in libllama.so libllama-common.so libggml-base.so libpyllamaspec.so; do
+for f in ${LIBS:-libllama.so libllama-common.so libggml-base.so libpyllamaspec.so}; do
     strip --strip-unneeded -o "$out/$f" "$pkg/pyllamaspec/lib/$f"
     patchelf --set-rpath '$ORIGIN' "$out/$f"
 done
