@@ -1475,8 +1475,8 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             if (t.n_model > 0 && o.n_draft_iters > 0) {
                 const int32_t per_iter = std::max(1, (int32_t) std::lround((double) t.rest_rows / o.n_draft_iters));
                 const int32_t runs = note_run(draft_runs_, per_iter, window);
-                for (int32_t j = 1; j < o.n_draft_iters; ++j) {
-                    note_run(draft_runs_, per_iter, window);
+                if (o.n_draft_iters > 1) {
+                    note_run(draft_runs_, per_iter, window);  // (a count that stops at 2: one more run says the rest)
                 }
                 draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters, !dear || runs >= 2,
                                     dear && runs < 2);

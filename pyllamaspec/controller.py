@@ -122,7 +122,10 @@ class Controller:
         if n < 0:
             raise ConfigError(f"pls_controller_export_costs failed ({n})")
         buf = self._ffi.new("pls_cost_point[]", max(1, n))
-        return cost_point_tuples(buf, self._lib.pls_controller_export_costs(self._ctl, buf, n))
+        got = self._lib.pls_controller_export_costs(self._ctl, buf, n)
+        if got < 0:
+            raise ConfigError(f"pls_controller_export_costs failed ({got})")
+        return cost_point_tuples(buf, min(got, n))
 
     def seed_costs(self, points: Sequence[Sequence[float]]) -> None:
         """Start from costs another controller (or session) learnt, as a session does from its cost cache. A

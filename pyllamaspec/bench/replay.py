@@ -70,26 +70,23 @@ def _steady_targets(arms: Sequence[dict], depth: int | None) -> dict:
     return {n: statistics.median(v) for n, v in out.items()}
 
 
-def _drafter_cold(arm: dict, n_max: int, out: dict) -> None:
-    """A draft model's first runs of each batch size in an arm's session (its warm-up round included): what they
-    cost beyond the size's steady cost (the median of its later runs), by run (0 or 1) into `out`. A step's first
-    decode runs catch-up + 1 rows, its further decodes one row each; catch-ups longer than a draft (after plain
-    steps) are priced by what they caught up, not here."""
+def _drafter_cold(arm: dict, n_max: int, kv_window: int, out: dict) -> None:
+    """A draft model's first runs of each batch size in an arm's session (its warm-up round included; counted as
+    `simulate` charges them, by KV window and graph slot): what they cost beyond the size's steady cost (the median of
+    its later runs), by run (0 or 1) into `out`. A step's first decode runs catch-up + 1 rows, its further decodes one
+    row each; catch-ups longer than a draft (after plain steps) are priced by what they caught up, not here."""
     if not arm.get("warmup"):
         return  # a trace without its warm-up round: the first runs it shows came after the real ones
     steps = [s for rnd in [arm["warmup"]] + arm["rounds"] for s in rnd
              if s["n_active"] == 1 and not s["n_prompt"] and s["drafted"] > 0 and s["t_draft_first"] > 0]
-    runs: dict = {}
+    graphs: dict = {}
     seen = []  # (size, run, ms) of first decodes and of single further decodes
     for s in steps:
-        size = s["catchup"] + 1
-        r = runs.get(size, 0)
-        runs[size] = r + 1
+        r = _run_in_window(graphs, s["catchup"] + 1, s["depth"], kv_window)
         if s["catchup"] <= n_max + 1:
-            seen.append((size, r, s["t_draft_first"]))
+            seen.append((s["catchup"] + 1, r, s["t_draft_first"]))
         for _ in range(s["draft_iters"]):
-            r = runs.get(1, 0)
-            runs[1] = r + 1
+            r = _run_in_window(graphs, 1, s["depth"], kv_window)
             if s["draft_iters"] == 1:
                 seen.append((1, r, s["t_draft_rest"]))
     steady: dict = {}
@@ -154,7 +151,7 @@ class CostModel:
             per_draft = a["setup"].get("dflash_block") == "draft"
             graphs: dict = {}  # the graphs the arm's session built, across its rounds
             if m.kind == "model" and a["arm"] != "plain":
-                _drafter_cold(a, n_max, m.draft_cold)
+                _drafter_cold(a, n_max, a["setup"].get("kv_window") or KV_WINDOW, m.draft_cold)
             for rnd in a["rounds"]:
                 prev: list[int] = []
                 prev_k = 0
