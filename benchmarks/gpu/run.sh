@@ -160,8 +160,12 @@ phase_g7() {
     phase_synth05 && phase_synth7 && grid "h200-7b-d0${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf \
         "${ARMS:-plain,n2,n4,n8,adaptive,sweep,upstream-n4,upstream-plain}" 0 "${LEVELS:-0,0.3,0.6,0.8,0.9}"
 }
-phase_g7deep() {
-    phase_synth05 && phase_synth7 && grid "h200-7b-d16384${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" 16384 "${LEVELS:-0,0.8}" --ubatch 2048
+phase_g7deep() {  # DEPTHS (default 16384)
+    phase_synth05 && phase_synth7 || return 1
+    local d
+    for d in ${DEPTHS:-16384}; do
+        grid "h200-7b-d$d${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" "$d" "${LEVELS:-0,0.8}" --ubatch 2048 || return 1
+    done
 }
 # the results of a call as one file (the files that come back from a call are few)
 phase_collect() { [ -d "$OUT/res" ] && tar czf "$OUT/results-$(date -u +%H%M%S).tgz" -C "$OUT" res && rm -rf "$OUT/res"; ls -l "$OUT"; }
