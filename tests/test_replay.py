@@ -98,6 +98,8 @@ CASES = {
     # the 35B-A3B + DFlash on an H100 (p 0.6 and 0.9, 256 tokens, warm-up rounds kept: its batch of 9 at 14.6 ms, 8.7
     # for 8), ceiling 15 as measured. Bounds: the same rule
     "h100-35b-a3b-dflash-d0-fr.json.gz": (15, (3, 7), {0.0: 1.02, 0.3: 1.03, 0.6: 0.96, 0.8: 0.95, 0.9: 0.93}),
+    # the 7B pair on an H100 at 16 384 (p 0.3, 0.6 and 0.9, 256 tokens, warm-up rounds kept). Bounds: the same rule
+    "h100-7b-draft-d16384-fr.json.gz": (8, (2, 4), {0.0: 0.98, 0.3: 0.98, 0.6: 0.99, 0.8: 0.97, 0.9: 0.98}),
     # a CPU: the Qwen2.5-Coder 1.5B + 0.5B pair on 2 cores (real weights, synthetic acceptance, 64 tokens). A verify of
     # 3 tokens costs 2.7 plain steps and a drafted token 0.7, so no fixed length beats plain decoding at any level
     # (n2 0.55x plain at p 0.9): the controller stays with it. Bounds: the same rule
