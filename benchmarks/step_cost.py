@@ -55,13 +55,10 @@ from pyllamaspec.bench.external import packaged_speculative_simple, parse_specul
 
 
 def gpu_names() -> list[str]:
-    """The GPUs' names (nvidia-smi), so that a record says which card measured it; none without nvidia-smi."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    """The GPUs the library sees, by their description (the card: CUDA's or ROCm's name for it), so that a record
+    says which card measured it."""
+    from pyllamaspec.buildinfo import info
+    return [d["description"] for d in info()["devices"] if d.get("type") in ("gpu", "igpu")]
 
 
 def synth_rates(level: float, n_max: int) -> list[float] | None:

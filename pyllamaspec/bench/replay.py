@@ -52,21 +52,29 @@ def _window_bucket(runs: int, age: int) -> int:
 _FIRST_RUN_DEAR = 1.25  # a size's first run in a trace above this many times its steady cost was a first run
 
 
+def _steady_runs(rounds: Sequence[list], graphs: dict | None = None, kv_window: int = KV_WINDOW):
+    """(n_tokens, t_target) of the single-stream steps whose two steps before ran the same size - with `graphs` (a
+    session's record, see _run_in_window), only a size's third run or later in its KV window."""
+    for rnd in rounds:
+        prev: list[int] = []
+        for s in rnd:
+            if s["n_active"] != 1 or s["n_prompt"]:
+                prev = []
+                continue
+            n = s["n_tokens"]
+            warm = graphs is None or _run_in_window(graphs, n, s["depth"], kv_window) >= 2
+            if warm and prev[-2:] == [n] * 2:
+                yield n, s["t_target"]
+            prev.append(n)
+
+
 def _steady_targets(arms: Sequence[dict], depth: int | None) -> dict:
     """Median target cost by batch size over the steps whose two steps before ran the same size."""
     out: dict = {}
     for a in arms:
-        if depth is not None and a["setup"]["depth"] != depth:
-            continue
-        for rnd in a["rounds"]:
-            prev: list[int] = []
-            for s in rnd:
-                if s["n_active"] != 1 or s["n_prompt"]:
-                    prev = []
-                    continue
-                if prev[-2:] == [s["n_tokens"]] * 2:
-                    out.setdefault(s["n_tokens"], []).append(s["t_target"])
-                prev.append(s["n_tokens"])
+        if depth is None or a["setup"]["depth"] == depth:
+            for n, ms in _steady_runs(a["rounds"]):
+                out.setdefault(n, []).append(ms)
     return {n: statistics.median(v) for n, v in out.items()}
 
 
@@ -77,17 +85,8 @@ def _warmup_steady(arms: Sequence[dict], depth: int | None) -> dict:
     for a in arms:
         if a["arm"] == "plain" or not a.get("warmup") or (depth is not None and a["setup"]["depth"] != depth):
             continue
-        graphs: dict = {}
-        prev: list[int] = []
-        for s in a["warmup"]:
-            if s["n_active"] != 1 or s["n_prompt"]:
-                prev = []
-                continue
-            n = s["n_tokens"]
-            runs = _run_in_window(graphs, n, s["depth"], a["setup"].get("kv_window") or KV_WINDOW)
-            if runs >= 2 and prev[-2:] == [n] * 2:
-                out.setdefault(n, []).append(s["t_target"])
-            prev.append(n)
+        for n, ms in _steady_runs([a["warmup"]], {}, a["setup"].get("kv_window") or KV_WINDOW):
+            out.setdefault(n, []).append(ms)
     return out
 
 
