@@ -1342,10 +1342,13 @@ double controller::first_runs_ms(int32_t n_tok, int32_t cells, double per_step) 
 }
 
 bool controller::once_is_enough(int32_t bucket) const {
-    // (and a size's first runs in a KV window cheap too: else a size seen only once may have been seen in those)
+    // (and a size's first runs in a KV window measured cheap too: else a size seen only once may have been seen in
+    // those. They are this session's alone - a session seeded with another's costs has measured none yet, and what it
+    // exports then is what it imported: judged by the cold cost alone, it exported a size the earlier session had
+    // seen once as measured steadily)
     const double plain = plain_step_ms(1, bucket);
     const double first = (first_seen_[0] ? first_ms_[0] : 0.0) + (first_seen_[1] ? first_ms_[1] : 0.0);
-    return cold_seen_ && !cold_dear(bucket) && !(plain > 0.0 && first > COLD_DEAR * plain);
+    return cold_seen_ && first_seen_[0] && !cold_dear(bucket) && !(plain > 0.0 && first > COLD_DEAR * plain);
 }
 
 bool controller::cold_dear(int32_t bucket) const {

@@ -455,6 +455,14 @@ def test_exported_costs_round_trip_and_bad_points_are_refused():
     again = export_costs(other)
     assert [(t, b, n, min(k, 2)) for t, b, n, k, _ in pts] == [(t, b, n, k) for t, b, n, k, _ in again]
     assert [p[4] for p in again] == pytest.approx([p[4] for p in pts])
+    # a size another session saw once stays seen once until this one measures: its first runs in a KV window (which
+    # decide whether one run is enough) are its own, and it has run none
+    seeded = Sim(CPU_BATCHING)
+    once = [(c["PLS_COST_TARGET"], 0, 1, 2, 10.0), (c["PLS_COST_TARGET"], 0, 2, 2, 10.5),
+            (c["PLS_COST_TARGET"], 0, 5, 1, 12.0), (c["PLS_COST_COLD"], 0, 0, 1, 0.1)]
+    assert import_costs(seeded, once)[0] == 0
+    exported = [(n, k) for t, _, n, k, _ in export_costs(seeded) if t == c["PLS_COST_TARGET"]]
+    assert exported == [(1, 2), (2, 2), (5, 1)]
     fresh = Sim(CPU_BATCHING)
     for bad in [(99, 0, 1, 2, 1.0), (0, 8, 1, 2, 1.0), (0, 0, 0, 2, 1.0), (0, 0, 1, 0, 1.0), (0, 0, 1, 2, float("nan")),
                 (0, 0, 1, 2, -1.0), (c["PLS_COST_OVERHEAD_PLAIN"], 0, 3, 1, 0.5)]:
