@@ -57,6 +57,8 @@ constexpr double COLD_MAX = 4.0;          // a one-off run's extra beyond this m
 constexpr int32_t WHOLE_MEMORY = 32;
 constexpr int32_t WHOLE_MIN = 6;
 constexpr int32_t EXPLORE_RUN = 12;
+constexpr int32_t EXPLORE_RUN_PARTS = STEADY_RUN + 2;  // a feature-reading drafter's try: steady runs of its parts
+constexpr int32_t OWN_RUNS = EXPLORE_RUN_PARTS - 1;  // a pooled cost table's size priced by its own runs from this many
 constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
 constexpr double HOLD_MARGIN = 0.03;      // a lone stream leaves its draft length for one priced better by this
 // or for one that leads it step after step by less (switch_lead): what it would have saved, less HOLD_DRIFT of each
@@ -114,6 +116,7 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.capped.insert(b.capped.begin() + i, capped ? 1 : 0);
         b.steady.insert(b.steady.begin() + i, steady ? 1 : 0);
         b.stale.insert(b.stale.begin() + i, 0);
+        b.dear.insert(b.dear.begin() + i, 0);
     } else if (b.steady[i] && !steady) {
         return;  // measured in steady runs: a one-off run's extra cost is not this size's
     } else if (!b.steady[i] && steady) {
@@ -144,9 +147,18 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
             cell = b.capped[i] && !cold ? ms : std::min(cell, ms);
             b.capped[i] = cold ? b.capped[i] : 0;
         } else if (!cold) {
-            // a stall is one-sided: a run far dearer than the size's cost moves it by at most STALL_STEP of itself
-            const double x = std::clamp(ms, cell / 3.0, cell * (1.0 + STALL_STEP / EMA));
-            cell += EMA * (x - cell);
+            // a stall is one-sided and one run long: a run over 2 STALL_STEP dearer than the size's cost counts (in
+            // a table whose steady runs cost alike) once the size's next run is dear too, and then moves it by at
+            // most STALL_STEP of itself. Counted at once, one stall raised the length a stream drafted at by 12% and the stream left
+            // it for another, so that no steady run of it was seen again to bring its price back: the 27B + DFlash2
+            // at 4 096 on an H100, p 0.6, one verify of 23.9 ms among runs of 14.4 - the stream drafted 2 for the
+            // rest of its answers where 3 was 4% faster a token
+            const bool dear = stall_confirmed && ms > cell * (1.0 + 2.0 * STALL_STEP);
+            if (!dear || b.dear[i]) {
+                const double x = std::clamp(ms, cell / 3.0, cell * (1.0 + STALL_STEP / EMA));
+                cell += EMA * (x - cell);
+            }
+            b.dear[i] = dear ? 1 : 0;
         }
     }
     b.n_seen++;
@@ -239,6 +251,14 @@ void cost_table::rebuild(bucket_data & b) const {
             b.env[j++] = q.sum / q.w;
         }
     }
+    // but a size measured in a run of its own is what it costs, whatever its neighbours do: a DFlash2 call of a
+    // block of 4 costs 3.8-4.3 ms on an H100 and an H200 (the 27B at 4 096) against 4.2-4.9 for a block of 3, and
+    // pooled with it drafting 3 was priced as dear as drafting 2 in the drafter (3 was 3-4% faster a token)
+    for (j = 0; j < b.env.size(); ++j) {
+        if (b.steady[j] && b.count[j] >= OWN_RUNS) {
+            b.env[j] = b.eff[j];
+        }
+    }
 }
 
 void cost_table::export_points(int32_t table, std::vector<cost_point> & out, const bool * one_off_steady) const {
@@ -274,6 +294,7 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.capped.insert(b.capped.begin() + i, 0);
         b.steady.insert(b.steady.begin() + i, count >= 2 ? 1 : 0);
         b.stale.insert(b.stale.begin() + i, 1);
+        b.dear.insert(b.dear.begin() + i, 0);
     } else {
         b.ms[i] = ms;
         b.count[i] = count;
@@ -502,6 +523,7 @@ controller::controller(const controller_params & p) : p_(p), rng_(p.seed) {
     // must not price the others (a running maximum made the 27B's call 5.5 ms at every length, 4.4-5.0 measured, and a fixed
     // cost per step that dear made a draft of 7 look as good as one of 5, 10% better in fact)
     draft_call_.pooled = true;
+    target_.stall_confirmed = true;
     last_k_.assign(p_.n_streams, 0);
     for (auto & w : whole_) {
         w.assign(p_.n_max + 1, whole_cost{});
@@ -1069,15 +1091,34 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         }
         s.explore_left = 0;
         if (best[i] < top && (rng_() % one_in) == 0) {
-            if (v.n_active > 1 || p_.kind != DRAFTER_MODEL || !cold_dear(v.bucket)) {
+            const bool try_dear = cold_dear(v.bucket) || (p_.kind != DRAFTER_MODEL && first_runs_dear(v.bucket));
+            if (v.n_active > 1 || !try_dear) {
                 best[i]++;
                 continue;
             }
-            // a lone stream tries a longer draft in a run (where a batch's first runs are cold, as long as it takes to
-            // measure its whole step steady) one or two positions on - the nearer one not yet measured, else either:
-            // a cost curve need not be convex (the 7B pair on an H200: 3 dearer per token than 2, 4 cheaper)
-            // - where its rate is predicted close to the best one's (a try of a length predicted well below would
-            // rarely change the choice): else one step one position on, to learn how often that position lands
+            if (p_.kind != DRAFTER_MODEL) {
+                // beside a drafter that reads the target's features, a try of a length whose target batch or drafter
+                // call was never measured in a run is a run (as long as it takes to measure both steady) where a
+                // change of batch size or a size's first runs in a KV window are dear: a single step measures only
+                // their cold runs. The 27B + DFlash2 at 4 096 drafted 2 at p 0.6 through whole answers on an H100 and
+                // an H200, its single tries of 3 costing 16-24 ms a verify and 4.5-6.6 a call against 13.6-14.5 and
+                // 3.8-4.3 in runs, where 3 was 3-4% faster a token. Once measured, a try is one step: it learns how
+                // often the next position lands
+                const int32_t kk = best[i] + 1;
+                const int32_t call = p_.kind == DRAFTER_BLOCK ? kk + 1 : p_.kind == DRAFTER_AUTOREGRESSIVE ? kk : 1;
+                if (target_.steady_cost(1 + kk, v.bucket) < 0.0 || draft_call_.steady_cost(call, 0) < 0.0) {
+                    s.explore_k = kk;
+                    s.explore_left = EXPLORE_RUN_PARTS - 1;
+                }
+                best[i] = kk;
+                continue;
+            }
+            // a lone stream beside a draft model tries a longer draft in a run (where a batch's first runs are cold,
+            // as long as it takes to measure its whole step steady) one or two positions on - the nearer one not yet
+            // measured, else either: a cost curve need not be convex (the 7B pair on an H200: 3 dearer per token
+            // than 2, 4 cheaper) - where its rate is predicted close to the best one's (a try of a length predicted
+            // well below would rarely change the choice): else one step one position on, to learn how often that
+            // position lands
             int32_t close[2], n_close = 0;
             for (int32_t j = 1; j <= 2; ++j) {
                 const int32_t kk = best[i] + j;

@@ -107,6 +107,9 @@ public:
     // than their running maximum - for a cost that hardly grows with the size, whose noisiest small size would set
     // every larger one's (a DFlash block's call)
     bool pooled = false;
+    // a run far dearer than its size's cost counts once the size's next run is dear too (a stall is one run long):
+    // for a table whose steady runs cost alike (a target's verify), not one whose runs vary with what they take in
+    bool stall_confirmed = false;
 
 private:
     struct bucket_data {
@@ -117,6 +120,7 @@ private:
         std::vector<uint8_t> capped; // the first observation was capped (it may have paid a one-time cost)
         std::vector<uint8_t> steady; // learnt from steady runs (else from one-off runs only, or imported)
         std::vector<uint8_t> stale;  // imported from another session, not yet measured in a steady run here
+        std::vector<uint8_t> dear;   // its last run was a stall's dearness, held back until the next run confirms it
         std::vector<double> eff;     // ms, a one-off-only size held to the line of the steady sizes
         int32_t n_seen = 0;
     };
