@@ -100,6 +100,11 @@ CASES = {
     "h100-35b-a3b-dflash-d0-fr.json.gz": (15, (3, 7), {0.0: 1.02, 0.3: 1.03, 0.6: 0.96, 0.8: 0.95, 0.9: 0.93}),
     # the 7B pair on an H100 at 16 384 (p 0.3, 0.6 and 0.9, 256 tokens, warm-up rounds kept). Bounds: the same rule
     "h100-7b-draft-d16384-fr.json.gz": (8, (2, 4), {0.0: 0.98, 0.3: 0.98, 0.6: 0.99, 0.8: 0.97, 0.9: 0.98}),
+    # the H200 again (the 27B + DFlash2 at 128 tokens, natural, 0.6-0.9; the 35B-A3B + DFlash at 256, natural, 0.6,
+    # 0.9), the version that confirms a stalled verify before it counts and prices a block drafter's call measured in
+    # runs by its own runs. Bounds: the same rule
+    "h200-27b-dflash2-d0-own.json.gz": (7, (3, 5, 7), {0.0: 0.98, 0.3: 0.98, 0.6: 0.96, 0.8: 0.96, 0.9: 0.96}),
+    "h200-35b-a3b-dflash-d0-own.json.gz": (15, (3, 7), {0.0: 1.02, 0.3: 1.02, 0.6: 1.02, 0.8: 0.94, 0.9: 0.94}),
     # a CPU: the Qwen2.5-Coder 1.5B + 0.5B pair on 2 cores (real weights, synthetic acceptance, 64 tokens). A verify of
     # 3 tokens costs 2.7 plain steps and a drafted token 0.7, so no fixed length beats plain decoding at any level
     # (n2 0.55x plain at p 0.9): the controller stays with it. Bounds: the same rule
@@ -173,6 +178,9 @@ LONG_CASES = {
     "h200-27b-dflash2-d16384-long8.json.gz": (7, (5, 7), {0.0: 0.95, 0.3: 0.95, 0.6: 0.98, 0.8: 0.96, 0.9: 0.96}),
     "h200-27b-dflash2-d4096-long8b.json.gz": (7, (3, 5), {0.0: 0.96, 0.3: 0.96, 0.6: 0.96, 0.8: 0.97, 0.9: 1.01}),
     "h200-7b-draft-d16384-long8.json.gz": (8, (2, 4), {0.0: 0.98, 0.3: 0.97, 0.6: 0.97, 0.8: 0.97, 0.9: 0.95}),
+    # the 27B at 4 096, p 0.6, n2 and n3 against the adaptive arm (whose verify of 4 rows and drafter call of a block
+    # of 4 it measured in tries of one step, cold, until its last answers), on the H200. Bounds: the same rule
+    "h200-27b-dflash2-d4096-own.json.gz": (7, (2, 3), {0.6: 0.96, 0.8: 0.95}),
 }
 
 
