@@ -147,12 +147,12 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
             cell = b.capped[i] && !cold ? ms : std::min(cell, ms);
             b.capped[i] = cold ? b.capped[i] : 0;
         } else if (!cold) {
-            // a stall is one-sided and one run long: a run over 2 STALL_STEP dearer than the size's cost counts (in
-            // a table whose steady runs cost alike) once the size's next run is dear too, and then moves it by at
-            // most STALL_STEP of itself. Counted at once, one stall raised the length a stream drafted at by 12% and the stream left
-            // it for another, so that no steady run of it was seen again to bring its price back: the 27B + DFlash2
-            // at 4 096 on an H100, p 0.6, one verify of 23.9 ms among runs of 14.4 - the stream drafted 2 for the
-            // rest of its answers where 3 was 4% faster a token
+            // a stall is one-sided and one run long: a run over 2 STALL_STEP dearer than the size's cost counts (in a
+            // table whose steady runs cost alike) once the size's next run is dear too, and then moves it by at most
+            // STALL_STEP of itself. Counted at once, one stall raised the price of the length a stream drafted at by
+            // 12% and the stream left it for another, so that no steady run of it was seen again to bring its price
+            // back: the 27B + DFlash2 at 4 096 on an H100, p 0.6, one verify of 23.9 ms among runs of 14.4 - the stream
+            // drafted 2 for the rest of its answers where 3 was 3-4% faster a token
             const bool dear = stall_confirmed && ms > cell * (1.0 + 2.0 * STALL_STEP);
             if (!dear || b.dear[i]) {
                 const double x = std::clamp(ms, cell / 3.0, cell * (1.0 + STALL_STEP / EMA));
@@ -1098,15 +1098,18 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             }
             if (p_.kind != DRAFTER_MODEL) {
                 // beside a drafter that reads the target's features, a try of a length whose target batch or drafter
-                // call was never measured in a run is a run (as long as it takes to measure both steady) where a
-                // change of batch size or a size's first runs in a KV window are dear: a single step measures only
-                // their cold runs. The 27B + DFlash2 at 4 096 drafted 2 at p 0.6 through whole answers on an H100 and
-                // an H200, its single tries of 3 costing 16-24 ms a verify and 4.5-6.6 a call against 13.6-14.5 and
-                // 3.8-4.3 in runs, where 3 was 3-4% faster a token. Once measured, a try is one step: it learns how
-                // often the next position lands
+                // call was never measured in a run is a run (as long as it takes to measure both steady) where a change
+                // of batch size or a size's first runs in a KV window are dear, and its rate by the parts is predicted
+                // close to the best one's (a run of a length predicted well below - past a MoE's cost cliff - costs its
+                // 5 steps: replayed on the 35B-A3B's H200 trace at p 0.9, tries in runs at any length reached 0.975 of
+                // n7, single tries 0.988): a single step measures only their cold runs. The 27B + DFlash2 at 4 096
+                // drafted 2 at p 0.6 through whole answers on an H100 and an H200, its single tries of 3 costing 16-24
+                // ms a verify and 4.5-6.6 a call against 13.6-14.5 and 3.8-4.3 in runs, where 3 was 3-4% faster a
+                // token. Once measured, a try is one step: it learns how often the next position lands
                 const int32_t kk = best[i] + 1;
                 const int32_t call = p_.kind == DRAFTER_BLOCK ? kk + 1 : p_.kind == DRAFTER_AUTOREGRESSIVE ? kk : 1;
-                if (target_.steady_cost(1 + kk, v.bucket) < 0.0 || draft_call_.steady_cost(call, 0) < 0.0) {
+                const bool close = kk < (int32_t) lone_rate.size() && lone_rate[kk] >= EXPLORE_CLOSE * lone_rate[best[i]];
+                if (close && (target_.steady_cost(1 + kk, v.bucket) < 0.0 || draft_call_.steady_cost(call, 0) < 0.0)) {
                     s.explore_k = kk;
                     s.explore_left = EXPLORE_RUN_PARTS - 1;
                 }
