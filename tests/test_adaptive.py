@@ -620,7 +620,8 @@ def test_one_stalled_verify_does_not_price_the_length_it_ran_at_out_for_good():
 
     for seed in range(1, 6):
         ks = [k[0] for k in run(seed, n=800).ks]
-        at = next(i for i in range(400, 790) if ks[i - 2] == ks[i - 1] == ks[i] == 3 and ks[i + 1] == 0)
+        at = next((i for i in range(400, 790) if ks[i - 2] == ks[i - 1] == ks[i] == 3 and ks[i + 1] == 0), None)
+        assert at is not None, (seed, "no run of 3 before a refresh of plain decoding to stall in")
         after = [k[0] for k in run(seed, {at: 1.7}).ks[at + 50:]]  # (the same draws up to the stall: the same steps)
         assert after.count(3) >= 0.85 * len(after), (seed, {k: after.count(k) for k in set(after)})
 
