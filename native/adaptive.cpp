@@ -301,6 +301,7 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.capped[i] = 0;
         b.steady[i] = count >= 2 ? 1 : 0;
         b.stale[i] = 1;
+        b.dear[i] = 0;
     }
     b.n_seen += count;
     rebuild(b);
@@ -709,15 +710,8 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
                 ms += draft_rest_.predict(n_it, bucket);
             }
             break;
-        case DRAFTER_AUTOREGRESSIVE:
-            ms += draft_call_.predict(k_sum, 0);
-            break;
-        case DRAFTER_BLOCK:
-            ms += draft_call_.predict(n_drafting * (k_max + 1), 0);  // one block per stream, as long as the longest draft
-            break;
-        case DRAFTER_NGRAM:
         default:
-            ms += draft_call_.predict(n_drafting, 0);
+            ms += draft_call_.predict(call_size(n_drafting, k_sum, k_max), 0);
             break;
     }
     return ms + (overhead_seen_spec_ ? overhead_spec_ : 0.0);
@@ -1107,7 +1101,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
                 // ms a verify and 4.5-6.6 a call against 13.6-14.5 and 3.8-4.3 in runs, where 3 was 3-4% faster a
                 // token. Once measured, a try is one step: it learns how often the next position lands
                 const int32_t kk = best[i] + 1;
-                const int32_t call = p_.kind == DRAFTER_BLOCK ? kk + 1 : p_.kind == DRAFTER_AUTOREGRESSIVE ? kk : 1;
+                const int32_t call = call_size(1, kk, kk);
                 const bool close = kk < (int32_t) lone_rate.size() && lone_rate[kk] >= EXPLORE_CLOSE * lone_rate[best[i]];
                 if (close && (target_.steady_cost(1 + kk, v.bucket) < 0.0 || draft_call_.steady_cost(call, 0) < 0.0)) {
                     s.explore_k = kk;
@@ -1395,6 +1389,10 @@ bool controller::once_is_enough(int32_t bucket) const {
     return cold_seen_ && first_seen_[0] && !cold_dear(bucket) && !(plain > 0.0 && first > COLD_DEAR * plain);
 }
 
+int32_t controller::call_size(int32_t n_drafting, int32_t k_sum, int32_t k_top) const {
+    return p_.kind == DRAFTER_AUTOREGRESSIVE ? k_sum : p_.kind == DRAFTER_BLOCK ? n_drafting * (k_top + 1) : n_drafting;
+}
+
 bool controller::cold_dear(int32_t bucket) const {
     const double plain = plain_step_ms(1, bucket);
     return plain > 0.0 && cold_ms() > COLD_DEAR * plain;
@@ -1545,9 +1543,7 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             }
             draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model
         } else {
-            const int32_t size = p_.kind == DRAFTER_AUTOREGRESSIVE ? t.k_sum
-                                 : p_.kind == DRAFTER_BLOCK        ? t.n_drafting * (t.k_top + 1)
-                                                                   : t.n_drafting;
+            const int32_t size = call_size(t.n_drafting, t.k_sum, t.k_top);
             // a drafter that reads the target's features (DFlash, EAGLE3, MTP) first takes in those of the tokens
             // decoded since it last ran: after plain steps (a probe) its call is that much dearer - a cost of the
             // plain steps before, not of drafting, which priced by it would look too dear to turn back on. A block
