@@ -50,6 +50,15 @@ constexpr double SWITCH_WEIGHT = 2.0;      // a change of batch size costs its c
 constexpr double SWITCH_SPREAD = 4.0;
 constexpr double COLD_DEAR = 0.1;          // changes count where a cold run costs this share of a plain step (not a CPU's)
 constexpr double STALL_STEP = 0.125;      // the most one dear run raises a learnt cost by (a share of it)
+// a size measured in this many steady runs is priced at most RECENT_SLACK over the mean of the middle half of its
+// latest RECENT_RUNS: a GPU's runs go dear a few steps at a time (a size's verify 2-8% and its DFlash2 call 40-75%
+// dearer for five steps in a row, the 27B at 4 096 on an H100), which the moving average took in - the length was
+// left priced 7% too dear, and never run in a row again to bring its price back (0.95 of n3). (Priced by that mean
+// alone, costs drawn independently - the replay's - fared as well on the whole, but the 27B's H200 trace at p 0.8
+// drafted 6 on a tenth of one seed's steps where 5 was best: the mean of a skewed cost's middle runs is below its mean)
+constexpr size_t RECENT_MIN = 8;
+constexpr size_t RECENT_RUNS = 16;
+constexpr double RECENT_SLACK = 0.01;
 constexpr double COLD_MAX = 4.0;          // a one-off run's extra beyond this many steady runs of its size is a stall
 // a lone stream's whole step by its draft length: a mean over this many steps at most (a step's cost spreads +-13% on the
 // H200 with its acceptance), judged by once measured this often, and tried (where a batch's first runs are cold) in runs
@@ -117,6 +126,7 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.steady.insert(b.steady.begin() + i, steady ? 1 : 0);
         b.stale.insert(b.stale.begin() + i, 0);
         b.dear.insert(b.dear.begin() + i, 0);
+        b.recent.insert(b.recent.begin() + i, steady ? std::vector<float>{ (float) ms } : std::vector<float>{});
     } else if (b.steady[i] && !steady) {
         return;  // measured in steady runs: a one-off run's extra cost is not this size's
     } else if (!b.steady[i] && steady) {
@@ -128,6 +138,7 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.capped[i] = 0;
         b.steady[i] = 1;
         b.stale[i] = 0;
+        b.recent[i].assign(1, (float) ms);
     } else if (b.stale[i] && steady) {
         // another session's cost (another time, another load on the machine): this session's first steady run says
         // what the size costs now - a dearer run by at most a stall's step, so one stalled run does not set it
@@ -135,9 +146,18 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         cell = std::min(ms, cell * (1.0 + STALL_STEP));
         b.count[i]++;
         b.stale[i] = 0;
+        b.recent[i].assign(1, (float) ms);
     } else {
         // a single stall (page fault, another process) must not throw the estimate; a real shift wins in a few steps
         double & cell = b.ms[i];
+        std::vector<float> & recent = b.recent[i];
+        const bool run = b.steady[i] && steady && !cold;
+        if (run) {
+            recent.push_back((float) ms);
+            if (recent.size() > RECENT_RUNS) {
+                recent.erase(recent.begin());
+            }
+        }
         if (b.count[i]++ == 1) {
             // the second run of a size replaces a first run that paid a warm-up - or one that was capped (the
             // prediction it was capped by was a guess: this run says what the size really costs) - unless it ran
@@ -159,6 +179,15 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
                 cell += EMA * (x - cell);
             }
             b.dear[i] = dear ? 1 : 0;
+        }
+        if (run && recent.size() >= RECENT_MIN) {
+            // at most a little over the mean of the middle half of its latest runs
+            std::vector<float> sorted(recent);
+            std::sort(sorted.begin(), sorted.end());
+            const size_t cut = sorted.size() / 4;
+            const double mid = std::accumulate(sorted.begin() + cut, sorted.end() - cut, 0.0) /
+                               (double) (sorted.size() - 2 * cut);
+            cell = std::min(cell, mid * (1.0 + RECENT_SLACK));
         }
     }
     b.n_seen++;
@@ -295,6 +324,7 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.steady.insert(b.steady.begin() + i, count >= 2 ? 1 : 0);
         b.stale.insert(b.stale.begin() + i, 1);
         b.dear.insert(b.dear.begin() + i, 0);
+        b.recent.insert(b.recent.begin() + i, std::vector<float>{});
     } else {
         b.ms[i] = ms;
         b.count[i] = count;
@@ -302,6 +332,7 @@ void cost_table::import_point(int32_t bucket, int32_t n_tokens, int32_t count, d
         b.steady[i] = count >= 2 ? 1 : 0;
         b.stale[i] = 1;
         b.dear[i] = 0;
+        b.recent[i].clear();
     }
     b.n_seen += count;
     rebuild(b);
@@ -1551,8 +1582,20 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             // cold (built, run eagerly, captured anew after a prompt) - a one-off, as a target batch of a new size is
             // (counted in, the 27B's DFlash2 calls after a change of length, 6.1-6.3 ms at 6 and 7 against 5.1-5.4 in
             // runs, made drafts of 6 and 7 look as cheap as one of 5 on an H200, where 5 was 3-5% better a token)
+            // And its call's graph is the drafter context's, built for a KV window as the target's are: a size's
+            // first two calls in a window cost 6-13 ms where later ones cost 4-5 (27B + DFlash2, H100). Taken as
+            // steady, the second of them priced drafting 3 at 9.4 ms a call at 4 096 (and 6 at 9.8, 7 at 6.9 at
+            // depth 0) for good - no single try's call is steady - and the stream drafted 2 where 3 was 3% faster a
+            // token, 5 where 7 was 4% faster
+            bool steady = p_.kind != DRAFTER_BLOCK || size == call_prev_;
+            bool cold = false;
+            if (p_.kind == DRAFTER_BLOCK && first_runs_dear(t.bucket)) {
+                const int32_t runs = note_run(draft_runs_, size, window_of(t.cells, size));
+                steady = steady && runs >= 2;
+                cold = runs < 2;
+            }
             if (t.behind <= p_.n_max + 1) {
-                draft_call_.observe(size, 0, o.t_draft_call_ms, p_.kind != DRAFTER_BLOCK || size == call_prev_);
+                draft_call_.observe(size, 0, o.t_draft_call_ms, steady, cold);
             }
             draft_ms = o.t_draft_call_ms;
             call_prev_ = t.timed ? size : 0;

@@ -121,6 +121,7 @@ private:
         std::vector<uint8_t> steady; // learnt from steady runs (else from one-off runs only, or imported)
         std::vector<uint8_t> stale;  // imported from another session, not yet measured in a steady run here
         std::vector<uint8_t> dear;   // its last run was a stall's dearness, held back until the next run confirms it
+        std::vector<std::vector<float>> recent;  // its latest steady runs, oldest first (at most RECENT_RUNS)
         std::vector<double> eff;     // ms, a one-off-only size held to the line of the steady sizes
         int32_t n_seen = 0;
     };
@@ -362,7 +363,7 @@ private:
     };
     std::vector<size_runs> size_runs_;   // by target batch size
     // and by a draft model's batch size (a step's first decode: catch-up + 1 rows; its further decodes: one row a
-    // stream), whose graphs are built and captured the same way
+    // stream) or a block drafter's call size, whose graphs are built and captured the same way
     std::vector<size_runs> draft_runs_;
     // the runs of size n_tok in `window` before this one (0, 1 or 2: twice or more), this one counted in `runs`
     static int32_t note_run(std::vector<size_runs> & runs, int32_t n_tok, int32_t window);

@@ -142,7 +142,7 @@ class CostModel:
     plain: list = field(default_factory=list)         # a session without a drafter: its steps after the first
     plain_first: list = field(default_factory=list)
     draft_call: dict = field(default_factory=dict)   # block length - 1 (DFlash) or draft length -> [ms] per drafting step
-    call_cold: dict = field(default_factory=dict)    # DFlash: block length - 1 -> [ms] of calls after a step of another
+    call_cold: dict = field(default_factory=dict)    # DFlash: block length - 1 -> [ms] of calls cold (see from_arms)
     call_behind: list = field(default_factory=list)  # (tokens caught up, ms beyond the call's steady cost): after plain steps
     draft_first: list = field(default_factory=list)   # draft model: (catch-up rows, ms)
     draft_rest: list = field(default_factory=list)    # draft model: ms per further decode
@@ -170,14 +170,16 @@ class CostModel:
             # a DFlash block as long as the step's draft (patch 0007), or the session's n_max + 1 before it
             per_draft = a["setup"].get("dflash_block") == "draft"
             graphs: dict = {}  # the graphs the arm's session built, across its rounds
+            kvw = a["setup"].get("kv_window") or KV_WINDOW
             if m.kind == "model" and a["arm"] != "plain":
                 _drafter_cold(a, n_max, a["setup"].get("kv_window") or KV_WINDOW, m.draft_cold)
             for rnd in a["rounds"]:
                 prev: list[int] = []
                 prev_k = 0
+                calls: dict = {}  # a block drafter's call sizes by KV window, since the prompt (its graphs run anew)
                 for i, s in enumerate(rnd):
                     if s["n_active"] != 1 or s["n_prompt"]:
-                        prev, prev_k = [], 0
+                        prev, prev_k, calls = [], 0, {}
                         continue
                     n = s["n_tokens"]
                     runs = _run_in_window(graphs, n, s["depth"], a["setup"].get("kv_window") or KV_WINDOW)
@@ -199,12 +201,15 @@ class CostModel:
                     prev.append(n)
                     if s["drafted"] > 0 and s["t_draft_call"] > 0:
                         key = s["k"] if per_draft or m.kind == "autoregressive" else n_max
+                        # a block as long as the draft: the drafter's graph of its size is built for the KV window
+                        # (and anew after a prompt), so a size's first two calls there run cold (on a GPU: the second
+                        # dearest, 8-11 ms against 4-5 in runs, 27B + DFlash2), and a call of another length than the
+                        # step before's a little (5-10%) - one-offs priced apart
+                        call_runs = _run_in_window(calls, key + 1, s["depth"], kvw) if per_draft else 2
+                        cold = per_draft and m.kind == "block" and (call_runs < 2 or s["k"] != prev_k)
                         # a drafter reading the target's features first takes in those of the tokens decoded since
                         # it last ran: a call after plain steps (a probe) is priced apart, by what it caught up
                         if s["catchup"] <= n_max + 1:
-                            # a block as long as the draft: one of another length than the step before's runs its
-                            # graph cold (on a GPU), a one-off priced apart
-                            cold = per_draft and m.kind == "block" and s["k"] != prev_k
                             (m.call_cold if cold else m.draft_call).setdefault(key, []).append(s["t_draft_call"])
                         else:
                             behind.append((key, s["catchup"], s["t_draft_call"]))
@@ -288,7 +293,7 @@ class CostModel:
     def drafter_ms(self, n_max: int, k: int, catchup: int, rng: random.Random,
                    steady: bool = True) -> tuple[float, float, int, float]:
         """(first decode, further decodes, their count, call) for a draft of k tokens; steady: the step before drafted
-        k too (a block drafter's call of another length than the step before's runs cold)."""
+        k too (and a block drafter's size ran twice in the KV window since the prompt - else its call runs cold)."""
         if self.kind == "model":
             if not self.draft_first:
                 return 0.0, 0.0, 0, 0.0
@@ -424,6 +429,7 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
         if ctl is not None:
             ctl.reset_stream(0)
         produced, prev, pending, t_gen = 0, [], 0, 0.0
+        calls: dict = {}  # a block drafter's call sizes by KV window since the prompt
         while produced < n_predict:
             depth = model.depth + 32 + produced  # after a prompt of 32 tokens
             cap = min(ceiling, n_predict - produced - 1)
@@ -449,7 +455,10 @@ def simulate(model: CostModel, arm: str, accept: Acceptance, n_max: int, *, n_pr
             iters = 0
             if k > 0:
                 catchup = pending
-                first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng, steady=bool(prev) and prev[-1] == n)
+                steady = bool(prev) and prev[-1] == n
+                if model.kind == "block":  # (as from_arms tells them)
+                    steady = _run_in_window(calls, k + 1, depth, model.kv_window) >= 2 and steady
+                first, rest, iters, call = model.drafter_ms(ceiling, k, catchup, rng, steady=steady)
                 if model.draft_cold:
                     # a draft model's batch of a size its session ran fewer than twice: its graph's first runs
                     d = model.draft_cold
