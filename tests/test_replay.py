@@ -105,6 +105,9 @@ CASES = {
     # runs by its own runs. Bounds: the same rule
     "h200-27b-dflash2-d0-own.json.gz": (7, (3, 5, 7), {0.0: 0.98, 0.3: 0.98, 0.6: 0.96, 0.8: 0.97, 0.9: 0.96}),
     "h200-35b-a3b-dflash-d0-own.json.gz": (15, (3, 7), {0.0: 1.02, 0.3: 1.02, 0.6: 1.02, 0.8: 0.94, 0.9: 0.94}),
+    # the 27B + DFlash2 on an H100 (n5 and n7 at p 0.8 and 0.9, 256 tokens), the version that does not take a block
+    # size's first calls in a KV window for steady runs. Bounds: the same rule
+    "h100-27b-dflash2-d0-calls.json.gz": (7, (5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.98, 0.8: 0.97, 0.9: 0.97}),
     # a CPU: the Qwen2.5-Coder 1.5B + 0.5B pair on 2 cores (real weights, synthetic acceptance, 64 tokens). A verify of
     # 3 tokens costs 2.7 plain steps and a drafted token 0.7, so no fixed length beats plain decoding at any level
     # (n2 0.55x plain at p 0.9): the controller stays with it. Bounds: the same rule
@@ -181,6 +184,9 @@ LONG_CASES = {
     # the 27B at 4 096, p 0.6, n2 and n3 against the adaptive arm (whose verify of 4 rows and drafter call of a block
     # of 4 it measured in tries of one step, cold, until its last answers), on the H200. Bounds: the same rule
     "h200-27b-dflash2-d4096-own.json.gz": (7, (2, 3), {0.6: 0.96, 0.8: 0.95}),
+    # the same cell on an H100 with the version that holds a size's price to its latest runs (the arm drafted 3 on 95%
+    # of its steps, where it had left 3 for 4 after five dear steps). Bounds: the same rule
+    "h100-27b-dflash2-d4096-median.json.gz": (7, (2, 3), {0.6: 0.96}),
 }
 
 

@@ -6,7 +6,8 @@
 #   build      the carried wheels and the CUDA package into /tmp/pls, with the system's g++ (GPU_CXX=... another;
 #              UPSTREAM=1 adds upstream's speculative-simple and llama-bench); then `pack` it into $OUT (pieces of
 #              15 MB) and copy the pieces into .pkg/ here
-#   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90)
+#   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90; `tar cf - pls | xz -6` of it is 42 MB, as
+#              .pkg/pls.txz.aa, ..., which unpack prefers)
 #   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
 #              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common, libggml-base and the
 #              shim, built on another x86-64 machine from this tree: `benchmarks/gpu/libs.sh`); needs
@@ -51,7 +52,13 @@ phase_pack() {
 phase_unpack() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || return 1
     if [ ! -d $PKG/pyllamaspec/lib ]; then
-        cat .pkg/pls.tgz.* | tar xz -C /tmp || return 1
+        # pieces of an xz archive (.pkg/pls.txz.*: 4 MB smaller than gzip's, where the carried tree nears 64 MiB)
+        # or of the gzip one `pack` makes
+        if compgen -G '.pkg/pls.txz.*' >/dev/null; then
+            cat .pkg/pls.txz.* | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp')" || return 1
+        else
+            cat .pkg/pls.tgz.* | tar xz -C /tmp || return 1
+        fi
     fi
     # this checkout's Python (and header) over the package's; lib/ and bin/ stay
     cp -r pyllamaspec/. $PKG/pyllamaspec/
