@@ -3,6 +3,7 @@
 #include "adaptive.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -182,11 +183,11 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         }
         if (run && recent.size() >= RECENT_MIN) {
             // at most a little over the mean of the middle half of its latest runs
-            std::vector<float> sorted(recent);
-            std::sort(sorted.begin(), sorted.end());
-            const size_t cut = sorted.size() / 4;
-            const double mid = std::accumulate(sorted.begin() + cut, sorted.end() - cut, 0.0) /
-                               (double) (sorted.size() - 2 * cut);
+            std::array<float, RECENT_RUNS> sorted;
+            const auto end = std::copy(recent.begin(), recent.end(), sorted.begin());
+            std::sort(sorted.begin(), end);
+            const size_t cut = recent.size() / 4;
+            const double mid = std::accumulate(sorted.begin() + cut, end - cut, 0.0) / (double) (recent.size() - 2 * cut);
             cell = std::min(cell, mid * (1.0 + RECENT_SLACK));
         }
     }

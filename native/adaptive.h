@@ -309,12 +309,12 @@ private:
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
     // the probe interval at which probes cost PROBE_BUDGET of plain decoding (a GPU's cold batches included)
     int32_t probe_gap_budget(int32_t stream, int32_t bucket) const;
-    // a change of batch size is dear here: its cold run costs a good share of a plain step (a GPU's graphs); on a CPU
-    // it is not, and the choice ignores it
     // the drafter call table's size for a step of n_drafting streams drafting k_sum tokens, the longest draft k_top:
     // an autoregressive drafter's tokens, a block drafter's blocks (one per stream, as long as the longest draft),
     // else its calls
     int32_t call_size(int32_t n_drafting, int32_t k_sum, int32_t k_top) const;
+    // a change of batch size is dear here: its cold run costs a good share of a plain step (a GPU's graphs); on a CPU
+    // it is not, and the choice ignores it
     bool cold_dear(int32_t bucket) const;
     // a probe is dear here: a change of batch size is (cold_dear), or a size's first runs in a window are (a new
     // prompt then keeps its stream's probe schedule)

@@ -37,6 +37,16 @@ class Machine:
                 + self.per_token * (n_tokens - 1) * (1 + self.verify_growth * depth))
 
 
+def _note_window_run(record: dict, size: int, cells: int, kv_window: int) -> int:
+    """Runs of a batch size in the KV window of a batch after `cells` before this one (0, 1, or 2: twice or more),
+    this one counted in `record` (size -> (window, runs))."""
+    window = (cells + size - 1) // kv_window
+    w, runs = record.get(size, (-1, 0))
+    runs = runs if w == window else 0
+    record[size] = (window, min(runs + 1, 2))
+    return runs
+
+
 @dataclass
 class Sim:
     machine: Machine
@@ -139,10 +149,8 @@ class Sim:
                 t_call += self.call_cold_ms
             t_call += self.call_stalls.get(len(self.ks) - 1, 0.0)
             if self.kind == BLOCK:
-                cw = (sum(self.depth[i] for i in drafting) + block - 1) // self.kv_window
-                w, runs = self.call_window_runs.get(block, (-1, 0))
-                runs = runs if w == cw else 0
-                self.call_window_runs[block] = (cw, min(runs + 1, 2))
+                cells = sum(self.depth[i] for i in drafting)
+                runs = _note_window_run(self.call_window_runs, block, cells, self.kv_window)
                 t_call += self.call_window_ms[runs] if runs < 2 else 0.0
         self.block_before = max([ks[i] + 1 for i in drafting], default=0) if self.kind == BLOCK else 0
         self.drafted_before = bool(drafting) and self.kind == MODEL
@@ -152,10 +160,8 @@ class Sim:
         if n_tok not in self.seen_shapes:
             self.seen_shapes.add(n_tok)
             t_target += self.first_shape_ms
-        window = (sum(self.depth[i] for i in range(n) if active[i]) + n_tok - 1) // self.kv_window
-        w, runs = self.window_runs.get(n_tok, (-1, 0))
-        runs = runs if w == window else 0
-        self.window_runs[n_tok] = (window, min(runs + 1, 2))
+        cells = sum(self.depth[i] for i in range(n) if active[i])
+        runs = _note_window_run(self.window_runs, n_tok, cells, self.kv_window)
         if runs < 2:
             t_target += self.window_first_ms[runs]
         t_target *= self.stalls.get(len(self.ks) - 1, 1.0)

@@ -172,7 +172,7 @@ class CostModel:
             graphs: dict = {}  # the graphs the arm's session built, across its rounds
             kvw = a["setup"].get("kv_window") or KV_WINDOW
             if m.kind == "model" and a["arm"] != "plain":
-                _drafter_cold(a, n_max, a["setup"].get("kv_window") or KV_WINDOW, m.draft_cold)
+                _drafter_cold(a, n_max, kvw, m.draft_cold)
             for rnd in a["rounds"]:
                 prev: list[int] = []
                 prev_k = 0
@@ -182,7 +182,7 @@ class CostModel:
                         prev, prev_k, calls = [], 0, {}
                         continue
                     n = s["n_tokens"]
-                    runs = _run_in_window(graphs, n, s["depth"], a["setup"].get("kv_window") or KV_WINDOW)
+                    runs = _run_in_window(graphs, n, s["depth"], kvw)
                     if runs == 0 and s["t_target"] < _FIRST_RUN_DEAR * steady.get(n, 0.0):
                         # a size first seen here at its steady cost ran in the arm's warm-up round (not traced)
                         graphs[n] = (graphs[n][0], 2)
