@@ -11,7 +11,8 @@ round face the same acceptance (they differ by their choices, not their luck). P
 native counters (draft, verify, device wait, sampling, process, rollback, graph captures). Models stay loaded (upstream's binaries
 load per run, so their figures are their own decode speeds, which exclude loading).
 
-Arms: plain; nK (fixed draft length K); adaptiveK (the controller, ceiling K; adaptive = 8); zeroK (ceiling K, never
+Arms: plain; nK (fixed draft length K); nNkK (ceiling N, every draft K long: a session of n_max N drafting as nK's
+does); adaptiveK (the controller, ceiling K; adaptive = 8); zeroK (ceiling K, never
 drafting: a speculative session's plain step, with its snapshot ring and drafter); sweep (every length
 0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay); gapG
 (G plain steps, then one draft at the sweep ceiling, round and round: a feature-reading drafter's catch-up after G
@@ -130,6 +131,13 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         common["catchup_rows"] = catchup_rows
     if arm == "plain":
         return SessionConfig(spec_types=[], **common)
+    capped = re.fullmatch(r"n(\d+)k(\d+)", arm)
+    if capped:
+        n, k = int(capped.group(1)), int(capped.group(2))
+        if not 0 < k <= n:
+            raise ValueError(f"{arm}: the draft length must be 1..{n}")
+        return SessionConfig(adaptive=False, spec_types=types, n_max=n, draft_schedule=[k],
+                             synth_rates=synth_rates(level, n), **common)
     if arm.startswith("n"):
         n = int(arm[1:])
         return SessionConfig(adaptive=False, spec_types=types, n_max=n, synth_rates=synth_rates(level, n), **common)

@@ -406,6 +406,14 @@ void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, i
         decode_or_throw(s.ctx_tgt.get(), batch, "prompt processing");
         feed_drafters(s, batch, 0);
     }
+    // the prompt finished on the device here, inside the prefill's time: on a GPU its last micro-batch (and the draft
+    // model's copy of it) was only queued, and its wait would land in the first step, counted as decoding
+    llama_synchronize(s.ctx_tgt.get());
+    check_remote(llama_get_model(s.ctx_tgt.get()));
+    if (s.ctx_dft) {
+        llama_synchronize(s.ctx_dft.get());
+        check_remote(llama_get_model(s.ctx_dft.get()));
+    }
     finish_prompts(s);
 }
 
