@@ -240,7 +240,7 @@ void cost_table::rebuild(bucket_data & b) const {
                 // which its cost (hardly growing with the size) stays under. Its first calls in a session say nothing
                 // of it: the first 27B + DFlash2 session of a process called blocks of 3 and 6 for 34 and 78 ms once
                 // (4-5 steady), and priced by them, with only the block of 2 measured in runs, the stream drafted 1
-                // through whole answers where 3 was 18% faster a token
+                // through whole answers where 3 was 15% faster a token
                 line = b.ms[st.back()] * n / (double) b.keys[st.back()];
             } else if (hi == 0) {
                 line = b.ms[st[0]] - slope * (b.keys[st[0]] - n);
