@@ -232,10 +232,10 @@ void cost_table::rebuild(bucket_data & b) const {
                 hi++;
             }
             double line;
-            if (hi == st.size() && st.size() < 2 && !pooled) {
-                continue;  // above the one size measured steady: no line to hold it to
-            }
             if (hi == st.size() && st.size() < 2) {
+                if (!pooled) {
+                    continue;  // above the one size measured steady: no line to hold it to
+                }
                 // a block drafter's call, above the one size measured steady: held to that size's cost per token,
                 // which its cost (hardly growing with the size) stays under. Its first calls in a session say nothing
                 // of it: the first 27B + DFlash2 session of a process called blocks of 3 and 6 for 34 and 78 ms once
