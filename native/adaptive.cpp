@@ -129,7 +129,19 @@ void cost_table::observe(int32_t n_tokens, int32_t bucket, double ms, bool stead
         b.dear.insert(b.dear.begin() + i, 0);
         b.recent.insert(b.recent.begin() + i, steady ? std::vector<float>{ (float) ms } : std::vector<float>{});
     } else if (b.steady[i] && !steady) {
-        return;  // measured in steady runs: a one-off run's extra cost is not this size's
+        // measured in steady runs: a one-off run's extra cost is not this size's. But a one-off run costs at least
+        // what a steady one does, so one cheaper than a price that fewer than STEADY_RUN runs set says the price is too
+        // high: it may rest on runs steady in name only - a session's first calls of a block of 4 (7.0 and 4.7 ms,
+        // the second and third of its first runs in a KV window, before such runs were known to be dear) priced it at
+        // 4.7 where runs cost 3.98, and its single tries (3.9) never moved it: the 27B + DFlash2 on an H100 drafted 2
+        // through whole answers at p 0.6 where 3 was 3% faster a token. It moves towards that run. (For a size with
+        // more runs, no: a block drafter's call varies with what the step before accepted - 3.6-4.5 ms at one length
+        // - and its cheap one-off calls priced a length under its neighbour's, 6 under 7 at p 0.9)
+        if (ms < b.ms[i] && b.recent[i].size() < (size_t) STEADY_RUN) {
+            b.ms[i] += EMA * (ms - b.ms[i]);
+            rebuild(b);
+        }
+        return;
     } else if (!b.steady[i] && steady) {
         // the first steady run replaces what one-off runs (or another session) said where it is cheaper - else a
         // single stalled run would set the cost (a plain step priced dear keeps a run drafting until the next

@@ -41,6 +41,26 @@ def test_the_device_commits_the_hosts_tokens(trio, arm):
         assert host.stats.n_drafted > 0
 
 
+def test_the_device_commits_the_hosts_tokens_over_a_vocabulary_of_many_chunks(tmp_path_factory):
+    # the argmax of a vocabulary of a real model's size (152 064 logits: a GPU's kernel loops over the row, where a
+    # tiny model's 512 fit one pass of a block), alone and in the 9 rows of a verify, must be the host's
+    from pyllamaspec.tools import synth
+
+    path = synth.write_target(tmp_path_factory.mktemp("wide") / "wide.gguf",
+                              synth.TargetShape(arch="qwen3", n_vocab=152064), seed=11)
+    with Model(path) as target, Model(path) as drafter:
+        for arm in ("plain", "n8"):
+            runs = {}
+            for on in (False, True):
+                with arm_session(target, drafter, None, arm, backend_sampling=on, ignore_eos=True) as s:
+                    assert s.info.backend_sampling is on
+                    runs[on] = s.generate(PROMPT, N)
+            assert len(runs[True].tokens) == N
+            assert runs[True].tokens == runs[False].tokens, arm
+            if arm == "n8":  # the drafter is the target itself: its drafts land, 9 rows a verify
+                assert runs[True].stats.n_accepted > 0
+
+
 def test_streams_decoded_together_sample_each_on_the_device(trio):
     _, target, drafter, _ = trio
     out = {}

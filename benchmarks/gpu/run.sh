@@ -29,6 +29,7 @@
 #   gsched     kept graphs in schedulers of their own against one scheduler (-gs) and one graph (-g1); MODEL=27
 #   gmem       the device memory kept graphs take, 27B and 35B-A3B, each arm in a process of its own
 #   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
+#   kernels    every kernel of our plain decode and llama-bench's (7B-shape), timed by Nsight Compute
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
 #              backend (the build phase from a tree that has it: a package carried from before has no rpc-server)
@@ -277,6 +278,25 @@ print(sys.argv[2], sys.argv[3], f\"{s['tokens_per_second']:.1f} tok/s AL {s['mea
     local rc=$?
     kill $srv
     return $rc
+}
+
+# every kernel of a plain decode, ours (step_cost.py's plain arm: a warm-up answer and one round of N tokens, default
+# 8) against llama-bench's tg of the same file, each kernel timed alone by Nsight Compute (caches as the run left them,
+# clocks untouched), for benchmarks/kernel_profile.py
+phase_kernels() {
+    phase_synth05 && phase_synth7 || return 1
+    mkdir -p "$OUT/res"
+    local ncu n=${N:-8}
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { echo "no ncu here"; return 1; }
+    local prof=("$ncu" --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum)
+    timeout "${KERNELS_TIMEOUT:-200}" "${prof[@]}" --log-file "$OUT/res/kernels-ours.csv" python3 -P benchmarks/step_cost.py \
+        -m /tmp/m/t7b.gguf -md /tmp/m/d05.gguf --arms plain --depth 0 --synth 0 --rounds 1 --n-predict "$n" \
+        > "$OUT/res/kernels-ours.log" 2>&1 || { tail -5 "$OUT/res/kernels-ours.log"; return 1; }
+    timeout "${KERNELS_TIMEOUT:-200}" "${prof[@]}" --log-file "$OUT/res/kernels-llama-bench.csv" \
+        $PKG/pyllamaspec/bin/llama-bench -m /tmp/m/t7b.gguf -p 0 -n "$n" -r 1 --no-warmup -ngl 99 \
+        > "$OUT/res/kernels-llama-bench.log" 2>&1 || { tail -5 "$OUT/res/kernels-llama-bench.log"; return 1; }
+    ls -l "$OUT/res"/kernels-*
 }
 
 # one depth per call: a long prompt is processed once per generation
