@@ -41,7 +41,7 @@ def test_the_device_commits_the_hosts_tokens(trio, arm):
         assert host.stats.n_drafted > 0
 
 
-def test_the_device_commits_the_hosts_tokens_over_a_vocabulary_of_many_chunks(tmp_path_factory):
+def test_the_device_commits_the_hosts_tokens_over_a_real_models_vocabulary(tmp_path_factory):
     # the argmax of a vocabulary of a real model's size (152 064 logits: a GPU's kernel loops over the row, where a
     # tiny model's 512 fit one pass of a block), alone and in the 9 rows of a verify, must be the host's
     from pyllamaspec.tools import synth
