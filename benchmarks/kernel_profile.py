@@ -34,7 +34,10 @@ def read_kernels(path: Path) -> list[tuple[str, float]]:
         unit = _UNIT.get(row.get("Metric Unit", ""), None)
         if unit is None:
             raise ValueError(f"{path}: unknown unit {row.get('Metric Unit')!r}")
-        out.append((row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * unit))
+        try:
+            out.append((row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * unit))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{path}: a row without a kernel name or a number: {row}") from None
     return out
 
 
@@ -94,11 +97,14 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="+", type=Path)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        sums = [(p.name, summary(read_kernels(p))) for p in args.csv]
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sums = []
+    for p in args.csv:
+        try:
+            kernels = read_kernels(p)
+            sums.append((p.name, summary(kernels)))
+        except (OSError, ValueError) as e:
+            print(f"error: {e}" if str(p) in str(e) else f"error: {p}: {e}", file=sys.stderr)
+            return 2
     for name, s in sums:
         lo, hi = s["step_us_range"]
         print(f"{name}: {s['kernels_per_step']} kernels a step, {s['steps']} steady steps, "

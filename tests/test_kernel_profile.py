@@ -62,4 +62,9 @@ def test_a_file_that_is_not_such_a_csv_is_refused_with_its_name(kp, tmp_path, ca
     assert "log.txt: no CSV rows" in capsys.readouterr().err
     noise = write(tmp_path / "noise.csv", [(f"void k{i}(int)", 1.0) for i in range(30)])
     assert kp.main([str(noise)]) == 2
-    assert "no repeating step" in capsys.readouterr().err
+    assert "noise.csv: no repeating step" in capsys.readouterr().err
+    broken = tmp_path / "broken.csv"
+    broken.write_text(HEADER.replace('"Kernel Name"', '"Name"') + '\n"0","1","p","h","k","1","7","(1)","(1)","0","9.0",'
+                      '"s","gpu__time_duration.sum","ns","5"\n')
+    assert kp.main([str(broken)]) == 2
+    assert "broken.csv: a row without a kernel name" in capsys.readouterr().err
