@@ -124,8 +124,7 @@ void draft_model_first(pls_session & s, const std::vector<stream_state *> & draf
     decode_dft(s, "draft");
     // the device finishing the decode (on a GPU the call only queued it): the wait belongs to this decode's cost,
     // not to whatever synchronises next (the sampling below, after the clock has moved on)
-    llama_synchronize(s.ctx_dft.get());
-    check_remote(llama_get_model(s.ctx_dft.get()));
+    finish_on_device(s.ctx_dft.get());
 }
 
 // The first of the draft model's candidates (best first) that the grammar allows in its present state; n when
@@ -206,8 +205,7 @@ void draft_model_rest(pls_session & s, const std::vector<stream_state *> & draft
             break;
         }
         decode_dft(s, "draft");
-        llama_synchronize(ctx);
-        check_remote(llama_get_model(ctx));
+        finish_on_device(ctx);
         tm.draft_rest_ms += (now_us() - t1) / 1000.0;
         tm.draft_iters++;
     }

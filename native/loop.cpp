@@ -408,11 +408,9 @@ void begin(pls_session & s, const int32_t * prompts, const int32_t * n_prompt, i
     }
     // the prompt finished on the device here, inside the prefill's time: on a GPU its last micro-batch (and the draft
     // model's copy of it) was only queued, and its wait would land in the first step, counted as decoding
-    llama_synchronize(s.ctx_tgt.get());
-    check_remote(llama_get_model(s.ctx_tgt.get()));
+    finish_on_device(s.ctx_tgt.get());
     if (s.ctx_dft) {
-        llama_synchronize(s.ctx_dft.get());
-        check_remote(llama_get_model(s.ctx_dft.get()));
+        finish_on_device(s.ctx_dft.get());
     }
     finish_prompts(s);
 }
@@ -990,8 +988,7 @@ int32_t verify_batch(pls_session & s, std::vector<llama_tokens> & ids, std::vect
     }
     // the device finishing the batch (on a GPU the decode call only queued it)
     const int64_t t_sync0 = now_us();
-    llama_synchronize(ctx_tgt);
-    check_remote(llama_get_model(ctx_tgt));
+    finish_on_device(ctx_tgt);
     const int64_t t2 = now_us();
     s.stats.t_sync_ms += (t2 - t_sync0) / 1000.0;
     s.stats.t_verify_ms += (t2 - t0) / 1000.0 - (s.process_every_batch ? (t_sync0 - t1) / 1000.0 : 0.0);

@@ -96,6 +96,11 @@ void check_remote(const llama_model * model) {
     }
 }
 
+void finish_on_device(llama_context * ctx) {
+    llama_synchronize(ctx);
+    check_remote(llama_get_model(ctx));
+}
+
 void check_remote_servers() {
     if (!g_any_remote.load(std::memory_order_relaxed) || rpc().endpoint_failed == nullptr) {
         return;

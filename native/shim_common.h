@@ -81,6 +81,9 @@ std::string json_escape(const std::string & s);
 void check_remote(const llama_model * model);
 // the same for every rpc-server added (a load that failed cannot say which devices it used)
 void check_remote_servers();
+// the context's queued work finished on its devices (on a GPU a decode call only queues it), then check_remote for
+// its model: a wait that belongs to the caller's clock, not to whatever synchronises next
+void finish_on_device(llama_context * ctx);
 
 // llama_model_params from our POD params, with the storage they point into (device list, split, overrides)
 struct model_load_params {
