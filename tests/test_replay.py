@@ -194,6 +194,13 @@ LONG_CASES = {
     "h100-27b-dflash2-d16384-r2.json.gz": (7, (7,), {0.0: 0.95, 0.8: 0.96}),
     "h100-35b-a3b-dflash-d0-r2.json.gz": (15, (3, 7), {0.6: 1.03, 0.9: 0.97}),
     "h100-7b-draft-d16384-r2.json.gz": (8, (2,), {0.0: 0.96, 0.8: 0.96}),
+    # the 27B and the 35B-A3B at depth 0 again on an H100 with the argmax in chunks (patch 0013), 128 tokens: the 27B at
+    # p 0.6 / 0.8 (n3, n5, n7) and 0.9 (n7), the 35B-A3B in two calls - natural and 0.8, where its session held 7 (0.971
+    # of n3 by medians), then 0.6 and 0.8, where it held 5 and 6 (1.008). Bounds: the same rule
+    "h100-27b-dflash2-d0-g24mid.json.gz": (7, (3, 5, 7), {0.6: 0.96, 0.8: 0.97}),
+    "h100-27b-dflash2-d0-g24p9.json.gz": (7, (7,), {0.9: 0.96}),
+    "h100-35b-a3b-dflash-d0-g24.json.gz": (15, (3, 7), {0.0: 0.95, 0.8: 0.95}),
+    "h100-35b-a3b-dflash-d0-g24b.json.gz": (15, (3, 7), {0.6: 1.03, 0.8: 0.97}),
 }
 
 
