@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA package built on this machine - no GPU needed, only CUDA's compiler and cuBLAS - and packed as
-# .pkg/pls.tgz.* for `run.sh unpack` on the GPU machine, so that no call there spends its time compiling CUDA. On two
+# .pkg/pls.txz.* for `run.sh unpack` on the GPU machine, so that no call there spends its time compiling CUDA. On two
 # cores the build took 23 minutes the first time (ccache makes a rebuild after a change outside ggml-cuda a matter of
 # minutes).
 #   CUDA_HOME   the toolkit with nvcc (default /usr/local/cuda; CUDA 13 for the H200 machine's driver)
-#   CUDAARCHS   the GPU architectures (default 90: Hopper)
+#   CUDAARCHS   the GPU architectures (default 90-real: Hopper's machine code alone, which is all the GPU machine's
+#               cards run; plain 90 adds PTX for later cards, twice the device code in libggml-cuda: packed, 42 MB
+#               against 22 MB, in a call that carries it within 64 MiB)
 #   UPSTREAM=1  (the default) also upstream's llama-speculative-simple and llama-bench, for the upstream-* arms
 # The toolkit needs cuBLAS: where it lacks it, NVIDIA's wheel from PyPI (nvidia-cublas, CUBLAS_VERSION: the CUDA
 # major's first release, which the GPU machine's libcublas is not older than) is put into it. ggml-cuda links the
@@ -50,12 +52,13 @@ mkdir -p "$(dirname "${BUILD_LOG:-build/cuda-build.log}")"
 t0=$SECONDS
 # the system's g++, as on the GPU machine (run.sh build says why); a build tree of its own beside the CPU build's
 PATH=$cuda/bin:$PATH CXX=${GPU_CXX:-/usr/bin/g++} CUDAHOSTCXX=${GPU_CXX:-/usr/bin/g++} PYLLAMASPEC_BACKEND=cuda \
-    CUDAARCHS=${CUDAARCHS:-90} CMAKE_ARGS="$extra" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+    CUDAARCHS=${CUDAARCHS:-90-real} CMAKE_ARGS="$extra" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     python3 -m pip install --no-build-isolation --no-deps --no-compile --target "$pkg" -C build-dir=build/cuda . \
     > "${BUILD_LOG:-build/cuda-build.log}" 2>&1 || { tail -40 "${BUILD_LOG:-build/cuda-build.log}"; exit 1; }
 echo "CUDA build: $((SECONDS - t0)) s"
 mkdir -p .pkg
-rm -f .pkg/pls.tgz.*
-# as pls/, where `run.sh unpack` looks for it, whatever PKG was here
-tar czf - -C "$(dirname "$pkg")" --transform "s,^$(basename "$pkg"),pls," "$(basename "$pkg")" | split -b 15M - .pkg/pls.tgz.
-ls -l .pkg/pls.tgz.*
+rm -f .pkg/pls.tgz.* .pkg/pls.txz.*
+# as pls/, where `run.sh unpack` looks for it, whatever PKG was here; xz (`unpack` takes either kind of pieces)
+tar cf - -C "$(dirname "$pkg")" --transform "s,^$(basename "$pkg"),pls," "$(basename "$pkg")" | xz -6 -T0 \
+    | split -b 15M - .pkg/pls.txz.
+ls -l .pkg/pls.txz.*

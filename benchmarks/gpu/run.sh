@@ -6,8 +6,8 @@
 #   build      the carried wheels and the CUDA package into /tmp/pls, with the system's g++ (GPU_CXX=... another;
 #              UPSTREAM=1 adds upstream's speculative-simple and llama-bench); then `pack` it into $OUT (pieces of
 #              15 MB) and copy the pieces into .pkg/ here
-#   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~47 MB for sm_90; `tar cf - pls | xz -6` of it is 42 MB, as
-#              .pkg/pls.txz.aa, ..., which unpack prefers)
+#   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~26 MB for sm_90's machine code; `tar cf - pls | xz -6` of it
+#              is 22 MB, as .pkg/pls.txz.aa, ..., which unpack prefers)
 #   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
 #              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common, libggml-base and the
 #              shim, built on another x86-64 machine from this tree: `benchmarks/gpu/libs.sh`); needs
@@ -187,7 +187,7 @@ phase_build() {
     # machine's default CXX (/opt/gcc) links libstdc++ statically into every shared library, so each library gets its
     # own copy of its state, and C++ objects that cross libraries (ggml-rpc's futures) crash
     CXX=${GPU_CXX:-/usr/bin/g++} CUDAHOSTCXX=${GPU_CXX:-/usr/bin/g++} \
-    PYLLAMASPEC_BACKEND=cuda CUDAARCHS=90 CMAKE_ARGS="$extra" \
+    PYLLAMASPEC_BACKEND=cuda CUDAARCHS=${CUDAARCHS:-90-real} CMAKE_ARGS="$extra" \
         CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -v --no-build-isolation --no-deps --target $PKG . \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
     echo "build: $((SECONDS - t0)) s"
