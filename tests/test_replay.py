@@ -201,6 +201,16 @@ LONG_CASES = {
     "h100-27b-dflash2-d0-g24p9.json.gz": (7, (7,), {0.9: 0.96}),
     "h100-35b-a3b-dflash-d0-g24.json.gz": (15, (3, 7), {0.0: 0.95, 0.8: 0.95}),
     "h100-35b-a3b-dflash-d0-g24b.json.gz": (15, (3, 7), {0.6: 1.03, 0.8: 0.97}),
+    # the same package at the grid's depths and its other models on an H100, 128 tokens: the 27B at 4 096 (natural;
+    # 0.6 and 0.8 with n3 and n5) and at 16 384 (natural; 0.8 with n5), the 7B pair at 0 (0.3-0.9) and at 16 384
+    # (natural, 0.8), the 35B-A3B with every expert on the CPU (natural). Bounds: the same rule
+    "h100-27b-dflash2-d4096-p13nat.json.gz": (7, (), {0.0: 0.95}),
+    "h100-27b-dflash2-d4096-p13.json.gz": (7, (3, 5), {0.6: 0.96, 0.8: 0.96}),
+    "h100-27b-dflash2-d16384-p13nat.json.gz": (7, (5,), {0.0: 0.96}),
+    "h100-27b-dflash2-d16384-p13.json.gz": (7, (5,), {0.8: 0.96}),
+    "h100-7b-draft-d0-p13.json.gz": (8, (2, 4), {0.3: 0.96, 0.6: 1.0, 0.8: 0.96, 0.9: 0.96}),
+    "h100-7b-draft-d16384-p13.json.gz": (8, (2,), {0.0: 0.97, 0.8: 0.96}),
+    "h100-35b-a3b-cpumoe-d0-p13nat.json.gz": (15, (3,), {0.0: 0.95}),
 }
 
 
