@@ -8,7 +8,7 @@
 #              15 MB) and copy the pieces into .pkg/ here
 #   pack       /tmp/pls as $OUT/pls.tgz.aa, .ab, ... (~26 MB for sm_90's machine code; `tar cf - pls | xz -6` of it
 #              is 22 MB, as .pkg/pls.txz.aa, ..., which unpack prefers)
-#   unpack     the carried .pkg/pls.tgz.* into /tmp/pls, the checkout's Python over it (Python changes need no
+#   unpack     the carried .pkg/pls.txz.* (or .tgz.*) into /tmp/pls, the checkout's Python over it (Python changes need no
 #              rebuild), and .pkg/libs.tgz over its libraries when it was carried (libllama, libllama-common, libggml-base and the
 #              shim, built on another x86-64 machine from this tree: `benchmarks/gpu/libs.sh`); needs
 #              `carry: [".pkg", ".whl"]`
