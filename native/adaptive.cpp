@@ -42,6 +42,13 @@ constexpr double PROBE_EXCESS_RATE = 0.25; // a probe's measured cost follows th
 constexpr double PROBE_CREDIT_MAX = 2.0;   // a stream off saves up for this many probes at most
 constexpr int32_t ISO_WEIGHT_MAX = 16;     // a size's runs weigh this much at most in the monotone fit of a cost table
 constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
+// where a probe's cost is mostly its first step (a GPU's first runs of its batch in a KV window, the catch-up of a
+// drafter that reads every target batch), the probe goes on for up to this many steps in a row while drafting would pay
+// at an acceptance PROBE_RUN_HOPE standard errors better: each further step costs a steady draft's excess and adds a
+// draft's evidence. A probe of one token, widely spaced, left the 35B-A3B at p 0.6 off for whole sessions after a few
+// rejections in a row (5 of 40 sessions replayed on an H100's costs, from a cost cache; on the GPU, 0.90 of n3)
+constexpr int32_t PROBE_RUN = 6;
+constexpr double PROBE_RUN_HOPE = 2.0;
 // a stream turned on by a probe is expected to draft this long, at least (at 8, a GPU's switch cost kept probes that
 // landed every token at p 0.6 from turning drafting on: replayed on the 35B-A3B's trace, 10 of 24 sessions trapped)
 constexpr int32_t SWITCH_STEPS = 24;
@@ -622,6 +629,7 @@ void controller::reset_stream(int32_t stream) {
         s.off = false;
         s.owed_run = 0;
         s.repeat_k = 0;
+        s.probe_run = 0;
         s.steps = 0;
         return;
     }
@@ -633,6 +641,7 @@ void controller::reset_stream(int32_t stream) {
     s.resume_gap = 0;
     s.owed_run = 0;
     s.repeat_k = 0;
+    s.probe_run = 0;
     s.steps = 0;
     // the ledger stays: it judges this machine's costs as much as the text's acceptance, and a generation is often
     // shorter than its window (a plain cost priced dear by one stalled run kept short generations drafting)
@@ -1468,6 +1477,19 @@ double controller::probe_fixed_ms(double predicted, int32_t bucket) const {
     return probe_seen_[b] > 0 ? std::max(predicted, probe_excess_[b] + cold_ms()) : predicted;
 }
 
+bool controller::run_pays_evidence(int32_t stream, int32_t len, int32_t bucket) const {
+    // a further step of a probe at this length, its batch warm, costs beyond a plain step at most half what the probe's
+    // first step did (measured): then evidence comes cheaper from the run than from another probe
+    if (len <= 0 || probe_seen_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)] == 0) {
+        return false;
+    }
+    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
+    act[stream] = 1;
+    k[stream] = len;
+    const double excess = predict_priced(k, act, pend, bucket, {}) - plain_step_ms(1, bucket);
+    return excess < 0.5 * probe_fixed_ms(0.0, bucket);
+}
+
 int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     // steps between probes for them to cost PROBE_BUDGET of plain decoding, a draft model's catch-up aside
     if (!target_.has_any()) {
@@ -1663,7 +1685,8 @@ void controller::observe_acceptance(const step_obs & o) {
         }
         stream_state & s = s_[i];
         // a probe that lands means the content may have changed: the old evidence against drafting fades faster
-        const double f = !(s.probing && a > 0) ? HAZARD_DECAY : PROBE_LANDED_DECAY;
+        // (once a probe: the further steps of its run are evidence of the same content)
+        const double f = !(s.probing && a > 0 && s.probe_run == 0) ? HAZARD_DECAY : PROBE_LANDED_DECAY;
         s.src = i < (int32_t) o.source.size() && o.source[i] ? 1 : 0;
         s.h().decay(f);
         s.h().add(d, a);
@@ -1743,6 +1766,11 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             double & e = probe_excess_[t.bucket];
             e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
             s.probe_credit = std::max(s.probe_credit - x - cold_ms(), -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
+        } else if (t.n_active == 1 && t.timed && s.probe_run > 0 && o.t_step_ms > 0.0) {
+            // a further step of a probe's run: what it cost beyond plain decoding of the tokens it committed
+            const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
+            const double x = std::max(0.0, o.t_step_ms - got * plain_step_ms(1, t.bucket));
+            s.probe_credit = std::max(s.probe_credit - x, -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
         }
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
@@ -1751,6 +1779,7 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         if (probe_pays(o, t, i, cold_dear(t.bucket) && reads_batches ? PROBE_HOPE : 0.0)) {
             s.off = false;
             s.steps = 0;
+            s.probe_run = 0;
             continue;
         }
         // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse - but a
@@ -1775,6 +1804,17 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         // bad luck at an acceptance that pays is outweighed within a few probes, not generations
         const bool plausible = cold_dear(t.bucket) && probe_pays(o, t, i, PROBE_HOPE);
         s.hopeful = plausible;
+        // a drafter reading every batch probes in runs (PROBE_RUN): one starts at a probe after plain steps, not after
+        // probes that measured a cost, and goes on while drafting is not hopeless
+        const bool run = reads_batches && !follow && !owed && t.n_active == 1 && (s.probe_run > 0 || k_prev_[1] == 0) &&
+                         probes_dear(t.bucket) && run_pays_evidence(i, o.n_drafted[i], t.bucket) &&
+                         probe_pays(o, t, i, PROBE_RUN_HOPE);
+        if (run && ++s.probe_run < PROBE_RUN) {
+            s.repeat_k = o.n_drafted[i];  // the same length again, its batch now warm; the interval stays
+            s.gap = 0;
+            continue;
+        }
+        s.probe_run = 0;
         s.gap_len = follow     ? 0
                     : owed      ? GAP_MIN
                     : plausible ? std::max(GAP_MIN, s.gap_len / 2)
