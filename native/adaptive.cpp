@@ -1759,12 +1759,19 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         counters_.n_probes++;
         if (t.n_active == 1 && t.timed && k_prev_[1] == 0 && o.t_step_ms > 0.0) {
             // a lone stream's probe after plain steps: what it cost beyond a plain step (a draft model's catch-up
-            // aside: the schedule prices that by the gap)
+            // aside: the schedule prices that by the gap) - what the schedule is set by, but for a drafter reading every
+            // batch where the probe was longer than probes are (one that measured a long draft's batch pays that batch's
+            // first runs: on an H100 the 35B-A3B's of 15 tokens cost 117 ms, and probes priced by it came once in
+            // ~1 000 steps)
             const double behind = p_.kind == DRAFTER_MODEL && i < (int32_t) o.n_catchup.size()
                                       ? catchup_token_ms(t.bucket) * std::max(0, o.n_catchup[i] - 1) : 0.0;
             const double x = std::max(0.0, o.t_step_ms - plain_step_ms(1, t.bucket) - behind);
-            double & e = probe_excess_[t.bucket];
-            e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
+            const bool long_probe = p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE
+                                        ? o.n_drafted[i] > std::max(PROBE_K, s.k_on) : false;
+            if (!long_probe) {
+                double & e = probe_excess_[t.bucket];
+                e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
+            }
             s.probe_credit = std::max(s.probe_credit - x - cold_ms(), -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
         } else if (t.n_active == 1 && t.timed && s.probe_run > 0 && o.t_step_ms > 0.0) {
             // a further step of a probe's run: what it cost beyond plain decoding of the tokens it committed
