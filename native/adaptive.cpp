@@ -43,10 +43,10 @@ constexpr double PROBE_CREDIT_MAX = 2.0;   // a stream off saves up for this man
 constexpr int32_t ISO_WEIGHT_MAX = 16;     // a size's runs weigh this much at most in the monotone fit of a cost table
 constexpr double PROBE_LANDED_DECAY = 0.7; // evidence kept when a probe lands (one token says little on its own)
 // where a probe's cost is mostly its first step (a GPU's first runs of its batch in a KV window, the catch-up of a
-// drafter that reads every target batch), the probe goes on for up to this many steps in a row while drafting would pay
-// at an acceptance PROBE_RUN_HOPE standard errors better: each further step costs a steady draft's excess and adds a
-// draft's evidence. A probe of one token, widely spaced, left the 35B-A3B at p 0.6 off for whole sessions after a few
-// rejections in a row (5 of 40 sessions replayed on an H100's costs, from a cost cache; on the GPU, 0.90 of n3)
+// drafter that reads every target batch), the probe goes on for up to this many steps in a row while drafting would
+// pay at an acceptance PROBE_RUN_HOPE standard errors better: each further step costs a steady draft's excess and adds
+// a draft's evidence. A probe of one token, widely spaced, left the 35B-A3B at p 0.6 off for whole sessions after a
+// few rejections in a row (5 of 40 sessions replayed on an H100's costs, from a cost cache; on the GPU, 0.90 of n3)
 constexpr int32_t PROBE_RUN = 6;
 constexpr double PROBE_RUN_HOPE = 2.0;
 // a stream turned on by a probe is expected to draft this long, at least (at 8, a GPU's switch cost kept probes that
@@ -1759,15 +1759,15 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         counters_.n_probes++;
         if (t.n_active == 1 && t.timed && k_prev_[1] == 0 && o.t_step_ms > 0.0) {
             // a lone stream's probe after plain steps: what it cost beyond a plain step (a draft model's catch-up
-            // aside: the schedule prices that by the gap) - what the schedule is set by, but for a drafter reading every
-            // batch where the probe was longer than probes are (one that measured a long draft's batch pays that batch's
-            // first runs: on an H100 the 35B-A3B's of 15 tokens cost 117 ms, and probes priced by it came once in
-            // ~1 000 steps)
+            // aside: the schedule prices that by the gap) - what the schedule is set by, but for a drafter reading
+            // every batch where the probe was longer than probes are (one that measured a long draft's batch pays
+            // that batch's first runs: on an H100 the 35B-A3B's of 15 tokens cost 117 ms, and probes priced by it
+            // came once in ~1 000 steps)
             const double behind = p_.kind == DRAFTER_MODEL && i < (int32_t) o.n_catchup.size()
                                       ? catchup_token_ms(t.bucket) * std::max(0, o.n_catchup[i] - 1) : 0.0;
             const double x = std::max(0.0, o.t_step_ms - plain_step_ms(1, t.bucket) - behind);
-            const bool long_probe = p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE
-                                        ? o.n_drafted[i] > std::max(PROBE_K, s.k_on) : false;
+            const bool long_probe = (p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE) &&
+                                    o.n_drafted[i] > std::max(PROBE_K, s.k_on);
             if (!long_probe) {
                 double & e = probe_excess_[t.bucket];
                 e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
@@ -1813,9 +1813,9 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         s.hopeful = plausible;
         // a drafter reading every batch probes in runs (PROBE_RUN): one starts at a probe after plain steps, not after
         // probes that measured a cost, and goes on while drafting is not hopeless
-        const bool run = reads_batches && !follow && !owed && t.n_active == 1 && (s.probe_run > 0 || k_prev_[1] == 0) &&
-                         probes_dear(t.bucket) && run_pays_evidence(i, o.n_drafted[i], t.bucket) &&
-                         probe_pays(o, t, i, PROBE_RUN_HOPE);
+        const bool run = reads_batches && !follow && !owed && t.n_active == 1 &&
+                         (s.probe_run > 0 || k_prev_[1] == 0) && probes_dear(t.bucket) &&
+                         run_pays_evidence(i, o.n_drafted[i], t.bucket) && probe_pays(o, t, i, PROBE_RUN_HOPE);
         if (run && ++s.probe_run < PROBE_RUN) {
             s.repeat_k = o.n_drafted[i];  // the same length again, its batch now warm; the interval stays
             s.gap = 0;

@@ -20,9 +20,9 @@
 // (stream, position) rows, taken in order of survival probability, that maximises
 //     (streams + sum of survivals) / (draft cost + target cost + overhead).
 // While a stream sits at k = 0 it is probed with a short draft at growing intervals, the gap capped so the
-// probes cost at most ~2% of plain decoding (where probes are dear and the drafter reads every target batch, a probe
-// goes on for a few steps while drafting is not hopeless) - unless drafting could not pay even if every drafted token landed,
-// by costs measured here (a probe measures the batch size that verdict rests on, early): then nothing is
+// probes cost at most ~2% of plain decoding (where probes are dear and the drafter reads every target batch, a
+// probe goes on for a few steps while drafting is not hopeless) - unless drafting could not pay even if every drafted
+// token landed, by costs measured here (a probe measures the batch size that verdict rests on, early): then nothing is
 // probed, and a draft model does not read new prompts. A ledger of realised time against estimated plain time
 // over a window turns speculation off when it lags. Costs can be exported and imported, so a later session of
 // the same setup starts from them.
