@@ -1750,6 +1750,7 @@ bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i
 void controller::observe_probes(const step_obs & o, const step_totals & t) {
     // probe outcomes: back on when drafting would now pay for this stream alone, else probe less often
     const int32_t n = (int32_t) s_.size();
+    const bool reads_batches = p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE;
     for (int32_t i = 0; i < n; ++i) {
         stream_state & s = s_[i];
         if (!o.active[i] || !s.probing) {
@@ -1766,9 +1767,7 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             const double behind = p_.kind == DRAFTER_MODEL && i < (int32_t) o.n_catchup.size()
                                       ? catchup_token_ms(t.bucket) * std::max(0, o.n_catchup[i] - 1) : 0.0;
             const double x = std::max(0.0, o.t_step_ms - plain_step_ms(1, t.bucket) - behind);
-            const bool long_probe = (p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE) &&
-                                    o.n_drafted[i] > std::max(PROBE_K, s.k_on);
-            if (!long_probe) {
+            if (!(reads_batches && o.n_drafted[i] > std::max(PROBE_K, s.k_on))) {
                 double & e = probe_excess_[t.bucket];
                 e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
             }
@@ -1782,7 +1781,6 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
         // one standard error, as its schedule is
-        const bool reads_batches = p_.kind == DRAFTER_BLOCK || p_.kind == DRAFTER_AUTOREGRESSIVE;
         if (probe_pays(o, t, i, cold_dear(t.bucket) && reads_batches ? PROBE_HOPE : 0.0)) {
             s.off = false;
             s.steps = 0;
