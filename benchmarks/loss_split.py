@@ -1,0 +1,79 @@
+"""Where an adaptive arm's time goes against plain decoding, read off a `benchmarks/step_cost.py --trace` file: per cell
+(depth, acceptance), the adaptive arm's decode time beyond the plain arm's, split into its plain steps (k = 0: what a
+session with a drafter attached pays on a step that drafts nothing, against the plain arm's median step) and its
+drafting steps (their time beyond what plain decoding of the tokens they committed costs: negative where drafting
+paid). Shares of the plain arm's time, medians over the rounds. A cell without a plain arm takes the plain arm of
+another cell at the same depth.
+
+    python benchmarks/loss_split.py benchmarks/traces/h100-35b-a3b-dflash-d0-q1.json.gz [more ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from pyllamaspec.bench import trace
+
+
+def _step_ms(s: dict) -> float:
+    return s["t_step"]
+
+
+def split(arms: list[dict]) -> list[dict]:
+    """One row per adaptive arm and cell: plain's median ms per round, the adaptive arm's, and its excess split."""
+    cells: dict = {}
+    for a in arms:
+        st = a["setup"]
+        cells.setdefault((st["depth"], st.get("synthetic_acceptance") or 0.0), {})[a["arm"]] = a
+    plain_of_depth = {d: c["plain"] for (d, _), c in cells.items() if "plain" in c}
+    rows = []
+    for (depth, level), by_arm in sorted(cells.items()):
+        plain = by_arm.get("plain") or plain_of_depth.get(depth)
+        if plain is None:
+            continue
+        plain_steps = [_step_ms(s) for r in plain["rounds"] for s in r[1:]]  # a generation's first step aside
+        if not plain_steps:
+            continue
+        p_step = statistics.median(plain_steps)
+        p_round = statistics.median(sum(_step_ms(s) for s in r) for r in plain["rounds"])
+        for name, a in by_arm.items():
+            if not name.startswith("adaptive"):
+                continue
+            per = {"plain_steps": [], "drafting": [], "total": []}
+            for r in a["rounds"]:
+                k0 = sum(_step_ms(s) - p_step for s in r[1:] if s["k"] == 0 and not s["drafted"])
+                drafting = sum(_step_ms(s) - (1 + min(s["accepted"], s["drafted"])) * p_step
+                               for s in r if s["k"] > 0 or s["drafted"])
+                per["plain_steps"].append(k0 / p_round)
+                per["drafting"].append(drafting / p_round)
+                per["total"].append(sum(_step_ms(s) for s in r) / p_round - 1.0)
+            k0_steps = [_step_ms(s) for r in a["rounds"] for s in r[1:] if s["k"] == 0 and not s["drafted"]]
+            rows.append({
+                "depth": depth, "level": level, "arm": name, "plain_step_ms": p_step,
+                "adaptive_plain_step_ms": statistics.median(k0_steps) if k0_steps else None,
+                **{key: statistics.median(v) for key, v in per.items() if v},
+            })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    for path in args.traces:
+        print(f"# {path.name}")
+        for r in split(trace.load(path)):
+            level = "natural" if not r["level"] else f"p {r['level']}"
+            k0 = r["adaptive_plain_step_ms"]
+            k0 = f"{k0:.3f}" if k0 is not None else "-"
+            print(f"d{r['depth']} {level} {r['arm']}: {r['total']:+.1%} of plain's time = plain steps "
+                  f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}) + drafting "
+                  f"{r['drafting']:+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

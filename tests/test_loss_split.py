@@ -1,0 +1,55 @@
+"""benchmarks/loss_split.py: an adaptive arm's time beyond plain decoding, split into its plain steps and its drafting
+steps, read off a step_cost trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import benchmark_script
+
+
+@pytest.fixture(scope="module")
+def loss_split():
+    return benchmark_script("loss_split")
+
+
+def step(t, k=0, drafted=0, accepted=0):
+    return {"t_step": t, "k": k, "drafted": drafted, "accepted": accepted}
+
+
+def arm(name, level, rounds, depth=0):
+    return {"arm": name, "setup": {"depth": depth, "synthetic_acceptance": level}, "rounds": rounds}
+
+
+def test_the_excess_splits_into_plain_steps_and_drafting(loss_split):
+    plain = arm("plain", None, [[step(1.0)] * 10, [step(1.0)] * 10])
+    # 8 plain steps 0.1 ms dearer than plain's, and a draft of 2 that landed 1 (2 tokens) in 2.5 ms: 0.5 beyond plain
+    rnd = [step(1.1)] * 8 + [step(2.5, k=2, drafted=2, accepted=1)]
+    rows = loss_split.split([plain, arm("adaptive", None, [rnd, rnd])])
+    [row] = rows
+    assert row["plain_step_ms"] == pytest.approx(1.0) and row["adaptive_plain_step_ms"] == pytest.approx(1.1)
+    assert row["plain_steps"] == pytest.approx(0.07)  # the generation's first step aside
+    assert row["drafting"] == pytest.approx(0.05)
+    assert row["total"] == pytest.approx(0.13)
+
+
+def test_a_cell_without_plain_takes_plain_of_its_depth_and_drafting_that_pays_is_negative(loss_split):
+    plain = arm("plain", None, [[step(1.0)] * 10], depth=4096)
+    paying = arm("adaptive7", 0.8, [[step(1.0)] + [step(1.5, k=3, drafted=3, accepted=3)] * 3], depth=4096)
+    other_depth = arm("adaptive7", 0.8, [[step(1.0)] * 4], depth=0)  # no plain arm at depth 0: no row
+    [row] = loss_split.split([plain, paying, other_depth])
+    assert (row["depth"], row["level"]) == (4096, 0.8)
+    assert row["drafting"] == pytest.approx(3 * (1.5 - 4.0) / 10.0)
+    assert row["plain_steps"] == 0.0
+
+
+def test_the_command_reads_a_trace_file(loss_split, tmp_path, capsys):
+    from pyllamaspec.bench import trace
+
+    path = tmp_path / "t.json.gz"
+    arms = [arm("plain", None, [[step(1.0)] * 4]), arm("adaptive", None, [[step(1.0)] * 3 + [step(1.2)]])]
+    trace.save(path, [{**a, "rounds": [[[s.get(f, 0) for f in trace.FIELDS] for s in r] for r in a["rounds"]]}
+                      for a in arms])
+    assert loss_split.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "d0 natural adaptive: +5.0% of plain's time = plain steps +5.0%" in out
