@@ -30,6 +30,8 @@
 #   gmem       the device memory kept graphs take, 27B and 35B-A3B, each arm in a process of its own
 #   catchup    a feature-reading drafter's catch-up cost after 1..63 plain steps (27B + DFlash2, 35B-A3B + DFlash)
 #   kernels    every kernel of our plain decode and llama-bench's (7B-shape), timed by Nsight Compute
+#   tax        Nsight Systems' summaries of a plain and an adaptive session (35B-A3B + DFlash, natural acceptance):
+#              what a step that drafts nothing pays with a feature-reading drafter attached
 #   rpc        7B-shape + 0.5B-shape on the local GPU against the same GPU reached through `pyllamaspec rpc-server`
 #              on this machine (loopback), plain, n4 and adaptive (R rounds, default 3); needs a package with the RPC
 #              backend (the build phase from a tree that has it: a package carried from before has no rpc-server)
@@ -174,6 +176,24 @@ phase_g7deep() {  # DEPTHS (default 16384)
     for d in ${DEPTHS:-16384}; do
         grid "h200-7b-d$d${TAG:-}" /tmp/m/t7b.gguf /tmp/m/d05.gguf "${ARMS:-plain,n2,n4,adaptive}" "$d" "${LEVELS:-0,0.8}" --ubatch 2048 || return 1
     done
+}
+# what a session with a feature-reading drafter attached pays on a step that drafts nothing: Nsight Systems' summaries
+# (device copies by size and time, API calls, kernels) of a plain and an adaptive session, 35B-A3B + DFlash at natural
+# acceptance (the adaptive arm stays plain on ~99% of its steps), each in a process of its own
+phase_tax() {
+    phase_synth35 || return 1
+    mkdir -p "$OUT/res"
+    local nsys arm
+    nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys 2>/dev/null | head -1)
+    [ -n "$nsys" ] || { echo "no nsys here"; return 1; }
+    for arm in plain ${TAX_ARM:-adaptive15}; do
+        timeout "${TAX_TIMEOUT:-60}" "$nsys" profile -t cuda -f true -o "/tmp/tax-$arm" python3 -P benchmarks/step_cost.py \
+            -m /tmp/m/t35.gguf -md /tmp/m/d35.gguf --arms "$arm" --depth 0 --synth 0 --rounds 1 --n-predict "${N:-128}" \
+            > "$OUT/res/tax-$arm.log" 2>&1 || { tail -5 "$OUT/res/tax-$arm.log"; return 1; }
+        "$nsys" stats -r cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,cuda_api_sum,cuda_gpu_kern_sum -f csv \
+            -o "$OUT/res/tax-$arm" "/tmp/tax-$arm.nsys-rep" > /dev/null 2>&1
+    done
+    ls -l "$OUT/res"/tax-*
 }
 # the results of a call as one file (the files that come back from a call are few)
 phase_collect() { [ -d "$OUT/res" ] && tar czf "$OUT/results-$(date -u +%H%M%S).tgz" -C "$OUT" res && rm -rf "$OUT/res"; ls -l "$OUT"; }
