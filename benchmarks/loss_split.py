@@ -2,8 +2,8 @@
 (depth, acceptance), the adaptive arm's decode time beyond the plain arm's, split into its plain steps (k = 0: what a
 session with a drafter attached pays on a step that drafts nothing, against the plain arm's median step) and its
 drafting steps (their time beyond what plain decoding of the tokens they committed costs: negative where drafting
-paid). Shares of the plain arm's time, medians over the rounds. A cell without a plain arm takes the plain arm of
-another cell at the same depth.
+paid). Shares of the plain arm's time, medians over the rounds (a generation's first step, which runs after its
+prompt, is in the total alone). A cell without a plain arm takes the plain arm of another cell at the same depth.
 
     python benchmarks/loss_split.py benchmarks/traces/h100-35b-a3b-dflash-d0-q1.json.gz [more ...]
 """
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             level = "natural" if not r["level"] else f"p {r['level']}"
             k0 = r["adaptive_plain_step_ms"]
             k0 = f"{k0:.3f}" if k0 is not None else "-"
-            print(f"d{r['depth']} {level} {r['arm']}: {r['total']:+.1%} of plain's time = plain steps "
-                  f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}) + drafting "
+            print(f"d{r['depth']} {level} {r['arm']}: {r['total']:+.1%} of plain's time; plain steps "
+                  f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}), drafting "
                   f"{r['drafting']:+.1%}")
     return 0
 

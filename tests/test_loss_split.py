@@ -52,4 +52,4 @@ def test_the_command_reads_a_trace_file(loss_split, tmp_path, capsys):
                       for a in arms])
     assert loss_split.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "d0 natural adaptive: +5.0% of plain's time = plain steps +5.0%" in out
+    assert "d0 natural adaptive: +5.0% of plain's time; plain steps +5.0%" in out
