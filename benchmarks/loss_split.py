@@ -18,10 +18,6 @@ from pathlib import Path
 from pyllamaspec.bench import trace
 
 
-def _step_ms(s: dict) -> float:
-    return s["t_step"]
-
-
 def split(arms: list[dict]) -> list[dict]:
     """One row per adaptive arm and cell: plain's median ms per round, the adaptive arm's, and its excess split."""
     cells: dict = {}
@@ -34,23 +30,24 @@ def split(arms: list[dict]) -> list[dict]:
         plain = by_arm.get("plain") or plain_of_depth.get(depth)
         if plain is None:
             continue
-        plain_steps = [_step_ms(s) for r in plain["rounds"] for s in r[1:]]  # a generation's first step aside
+        plain_steps = [s["t_step"] for r in plain["rounds"] for s in r[1:]]  # a generation's first step aside
         if not plain_steps:
             continue
         p_step = statistics.median(plain_steps)
-        p_round = statistics.median(sum(_step_ms(s) for s in r) for r in plain["rounds"])
+        p_round = statistics.median(sum(s["t_step"] for s in r) for r in plain["rounds"])
         for name, a in by_arm.items():
             if not name.startswith("adaptive"):
                 continue
             per = {"plain_steps": [], "drafting": [], "total": []}
+            k0_steps = []  # the arm's steps that drafted nothing, a generation's first aside
             for r in a["rounds"]:
-                k0 = sum(_step_ms(s) - p_step for s in r[1:] if s["k"] == 0 and not s["drafted"])
-                drafting = sum(_step_ms(s) - (1 + min(s["accepted"], s["drafted"])) * p_step
+                k0 = [s["t_step"] for s in r[1:] if s["k"] == 0 and not s["drafted"]]
+                k0_steps += k0
+                drafting = sum(s["t_step"] - (1 + min(s["accepted"], s["drafted"])) * p_step
                                for s in r if s["k"] > 0 or s["drafted"])
-                per["plain_steps"].append(k0 / p_round)
+                per["plain_steps"].append((sum(k0) - len(k0) * p_step) / p_round)
                 per["drafting"].append(drafting / p_round)
-                per["total"].append(sum(_step_ms(s) for s in r) / p_round - 1.0)
-            k0_steps = [_step_ms(s) for r in a["rounds"] for s in r[1:] if s["k"] == 0 and not s["drafted"]]
+                per["total"].append(sum(s["t_step"] for s in r) / p_round - 1.0)
             rows.append({
                 "depth": depth, "level": level, "arm": name, "plain_step_ms": p_step,
                 "adaptive_plain_step_ms": statistics.median(k0_steps) if k0_steps else None,

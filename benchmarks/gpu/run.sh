@@ -191,7 +191,8 @@ phase_tax() {
             -m /tmp/m/t35.gguf -md /tmp/m/d35.gguf --arms "$arm" --depth 0 --synth 0 --rounds 1 --n-predict "${N:-128}" \
             > "$OUT/res/tax-$arm.log" 2>&1 || { tail -5 "$OUT/res/tax-$arm.log"; return 1; }
         "$nsys" stats -r cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,cuda_api_sum,cuda_gpu_kern_sum -f csv \
-            -o "$OUT/res/tax-$arm" "/tmp/tax-$arm.nsys-rep" > /dev/null 2>&1
+            -o "$OUT/res/tax-$arm" "/tmp/tax-$arm.nsys-rep" > "$OUT/res/tax-$arm-stats.log" 2>&1 \
+            || { echo "nsys stats failed for $arm:"; tail -5 "$OUT/res/tax-$arm-stats.log"; return 1; }
     done
     ls -l "$OUT/res"/tax-*
 }
