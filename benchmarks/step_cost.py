@@ -17,7 +17,9 @@ drafting: a speculative session's plain step, with its snapshot ring and drafter
 0..n_max three steps in a row, round and round: each batch size's steady and cold cost, for replay); gapG
 (G plain steps, then one draft at the sweep ceiling, round and round: a feature-reading drafter's catch-up after G
 plain steps; G < 64); any of these with -host (plain-host, n4-host, adaptive-host): every row sampled on the host from
-its logits, where the default samples greedy rows on a GPU that holds the target's output layer; and with -ringN
+its logits, where the default samples greedy rows on a GPU that holds the target's output layer; and with -hf
+(zero15-hf, adaptive7-hf): a feature-reading drafter's features copied to the host after every batch, where the
+default keeps them on the target's device until the drafter processes them; and with -ringN
 (plain-ring7, zero7-ring0): a snapshot ring of N states per sequence on a hybrid target (0: none); and with -g1
 (sweep-g1, adaptive-g1): llama's contexts keep only the graph they ran last (LLAMA_GRAPH_CACHE=1), not one per shape;
 and with -gs (sweep-gs): graphs kept by shape, all in the context's one scheduler (LLAMA_GRAPH_CACHE_SCHED=0);
@@ -78,6 +80,7 @@ def prompt_tokens(model: Model, depth: int, seed: int) -> list[int]:
 
 
 HOST = "-host"  # arm suffix: sampling on the host
+HOST_FEATURES = "-hf"  # arm suffix: a feature-reading drafter's features copied to the host after every batch
 TWIN = re.compile(r"(.+)-([b-e])")  # arm suffix: another session of the same arm (plain-b, plain-c beside plain)
 ONE_GRAPH = "-g1"  # arm suffix: llama's contexts keep one graph (LLAMA_GRAPH_CACHE=1), not one per batch shape
 SHARED_SCHED = "-gs"  # arm suffix: graphs kept by shape, all in the context's scheduler (LLAMA_GRAPH_CACHE_SCHED=0)
@@ -113,6 +116,10 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         # the same arm with every row sampled on the host from its logits (no backend sampling)
         cfg = base(arm[:-len(HOST)])
         return None if cfg is None else dataclasses.replace(cfg, backend_sampling=False)
+    if arm.endswith(HOST_FEATURES) and arm != "plain" + HOST_FEATURES:
+        # the same arm with the drafter's features copied to the host after every batch, not kept on the device
+        cfg = base(arm[:-len(HOST_FEATURES)])
+        return None if cfg is None else dataclasses.replace(cfg, host_features=True)
     kv = re.fullmatch(r"(.+)-kv(\d+)", arm)
     if kv:
         # the same arm with the KV cache's view growing in steps of N cells (a GPU's default is 1024, llama's 256)
@@ -250,7 +257,7 @@ def main(argv=None) -> int:
     unknown = [a for a in arms if not known_arm(a)]
     if unknown or len(set(arms)) != len(arms):
         ap.error(f"--arms: {', '.join(unknown) or 'an arm named twice'} (arms: plain, nK, adaptiveK, zeroK, sweep, "
-                 "gapG, upstream-nK, upstream-plain, with -host, -ringN, -g1, -gs, -kvN or -b)")
+                 "gapG, upstream-nK, upstream-plain, with -host, -hf, -ringN, -g1, -gs, -kvN or -b)")
     depths = [int(x) for x in args.depth.split(",")]
     levels = [float(x) for x in args.synth.split(",")]
     upstream = packaged_speculative_simple()

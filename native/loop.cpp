@@ -19,6 +19,9 @@ namespace {
 // rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
 // its context when it drafts again, as a draft model's limited catch-up does)
 constexpr int32_t KEPT_ROWS = 512;
+// rows per sequence the target keeps those drafters' features in on its device (patch 0015): the kept rows, and the
+// most rows of one sequence a batch holds (a prompt goes in chunks of at most this many)
+constexpr int32_t FEATURE_ROWS = KEPT_ROWS;
 
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
@@ -114,6 +117,13 @@ void reset_generation(pls_session & s) {
             fail(PLS_ERR_INVALID, "failed to initialize speculative decoding for " + common_speculative_type_name_str(types));
         }
         common_speculative_defer_pass(s.spec, s.catchup_pass);
+        // the target keeps the features such a drafter reads on its device, and they are read when it processes
+        // them: a step that drafts nothing copies none to the host (patch 0015). Where the device has no room for
+        // them, or the drafter reads no layer features, they are copied after every batch as before
+        s.feature_rows = 0;
+        if (!s.sp.host_features && common_speculative_defer_ring(s.spec, FEATURE_ROWS)) {
+            s.feature_rows = FEATURE_ROWS;
+        }
     }
     s.streams.clear();
     s.streams.resize(s.sp.n_parallel);
@@ -319,7 +329,8 @@ void add_prompt_chunks(pls_session & s, common_batch & batch) {
             continue;
         }
         const int32_t n_body = (int32_t) st.prompt_in.size() - 1;
-        while (st.n_prefilled < n_body && (int32_t) batch.size() < n_batch) {
+        while (st.n_prefilled < n_body && (int32_t) batch.size() < n_batch &&
+               (s.feature_rows == 0 || st.n_prompt_step < s.feature_rows)) {
             batch.add(st.prompt_in[st.n_prefilled], st.n_prefilled, st.seq, false);
             st.n_prefilled++;
             st.n_prompt_step++;

@@ -131,6 +131,7 @@ struct pls_session {
     bool own_draft_model = false;          // draft-simple: the shim drives the draft model itself
     bool process_every_batch = false;      // upstream drafters that read every target batch (EAGLE3, MTP, DFlash)
     int32_t catchup_pass = 0;              // rows per pass of such a drafter's catch-up (0: all at once)
+    int32_t feature_rows = 0;              // rows per sequence the target keeps such a drafter's features in (0: host)
     std::vector<llama_sampler *> dft_chains;  // device-side top-k of the draft model, one per sequence
     std::vector<common_sampler_ptr> dft_smpl; // the draft model's samplers (top-k 10, as upstream's draft-simple)
     std::vector<double> synth_probs;       // conditional acceptance probabilities (synthetic mode)

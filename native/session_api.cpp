@@ -82,6 +82,7 @@ extern "C" int32_t pls_session_get_info(const pls_session * s, pls_session_info 
     out->catchup_rows = !s->process_every_batch || !s->ctx_dft ? 0
                         : s->catchup_pass > 0                 ? s->catchup_pass
                                                               : (int32_t) llama_n_batch(s->ctx_dft.get());
+    out->feature_rows = s->feature_rows;
     out->ring_bytes = s->ring_bytes;
     out->backend_sampling = s->tgt_device_greedy ? 1 : 0;
     out->kv_window = s->kv_window;

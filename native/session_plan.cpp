@@ -188,6 +188,7 @@ void validate_params(const pls_session_params & p) {
     range("trace_steps", p.trace_steps, 0, PLS_MAX_TRACE);
     range("catchup_rows", p.catchup_rows, 0, 1 << 20);
     range("draft_grammar", p.draft_grammar, 0, 1);
+    range("host_features", p.host_features, 0, 1);
     for (int32_t i = 0; i < p.n_k_schedule; ++i) {
         range("k_schedule entry", p.k_schedule[i], 0, PLS_MAX_DRAFT);
     }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#define PLS_ABI_VERSION 15
+#define PLS_ABI_VERSION 16
 
 struct pls_model {
     llama_model * model = nullptr;

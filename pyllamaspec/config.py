@@ -477,6 +477,10 @@ class SessionConfig:
     # not draft before its next draft, this many per pass (the rest in powers of two); 0: 8 where the drafter runs on
     # a GPU, else all at once. Set for a session whose drafter reads no features, the session refuses to open
     catchup_rows: int = 0
+    # a drafter that reads the target's layer features (DFlash, DSpark, EAGLE3) reads them from the target's device,
+    # where the target keeps the latest 512 rows of each sequence, when it processes them, so a step that drafts
+    # nothing copies none to the host; True: the target copies them to the host after every batch, as llama.cpp does
+    host_features: bool = False
     # a draft model (draft-simple) drafts the best of its top 10 candidates that the sequence's grammar allows (a
     # drafted token the grammar forbids would be rejected); False: its best candidate, as upstream's draft-simple
     draft_grammar: bool = True
@@ -572,6 +576,8 @@ class SessionConfig:
         _check_int(owner, "catchup_rows", self.catchup_rows, 0, 1 << 20)
         if not isinstance(self.draft_grammar, bool):
             raise ConfigTypeError(f"{owner}.draft_grammar={self.draft_grammar!r} must be true or false")
+        if not isinstance(self.host_features, bool):
+            raise ConfigTypeError(f"{owner}.host_features={self.host_features!r} must be true or false")
         types = self.spec_types or ()
         if types and self.n_ubatch < self.n_max + 1:
             raise ConfigError(f"n_ubatch={self.n_ubatch} must be at least n_max + 1 = {self.n_max + 1}: "

@@ -77,6 +77,7 @@ def native_session_params(ffi, config: SessionConfig):
     p.synth_seed = config.synth_seed
     p.trace_steps = config.trace_steps
     p.catchup_rows = config.catchup_rows
+    p.host_features = int(config.host_features)
     p.draft_grammar = int(config.draft_grammar)
     p.ignore_eos = int(config.ignore_eos)
     return p

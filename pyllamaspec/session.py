@@ -175,6 +175,7 @@ class SessionInfo:
     n_threads: int                # CPU threads for generation (n_threads 0: the cores useful for math)
     n_threads_batch: int          # and for prompt processing
     catchup_rows: int = 0         # rows a feature-reading drafter takes in per pass after skipped steps (0: none)
+    feature_rows: int = 0         # rows per sequence the target keeps such a drafter's features in on its device
     backend_sampling: bool = False  # greedy rows are sampled on the target's output device
     kv_window: int = 256          # the target's KV cache view grows in steps of this many cells
 
@@ -362,7 +363,7 @@ class SpecSession(_native.NativeOwner):
             target_head_device=ffi.string(o.target_head_device).decode(),
             draft_device=ffi.string(o.draft_device).decode(), adaptive=bool(o.adaptive), synthetic=bool(o.synthetic),
             drafter_kind=DRAFTER_KINDS.get(o.drafter_kind, "none"), n_threads=o.n_threads,
-            n_threads_batch=o.n_threads_batch, catchup_rows=o.catchup_rows,
+            n_threads_batch=o.n_threads_batch, catchup_rows=o.catchup_rows, feature_rows=o.feature_rows,
             backend_sampling=bool(o.backend_sampling), kv_window=o.kv_window)
 
     # -- text helpers ------------------------------------------------------------------------

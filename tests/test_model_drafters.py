@@ -313,3 +313,55 @@ def test_catchup_rows_is_checked_and_refused_where_no_drafter_reads_the_target(d
         assert s.info.catchup_rows == 0  # an n-gram lookup reads no features
     with pytest.raises(ConfigError, match="catchup_rows=4: only a drafter that reads the target's features"):
         SpecSession(target, None, SessionConfig(spec_types="ngram-simple", catchup_rows=4))
+
+
+def test_features_kept_on_the_targets_device_draft_what_host_copies_draft(request, tmp_path_factory, dflash_setup,
+                                                                          mtp_target):
+    # a drafter that reads the target's layer inputs has the target keep them on its device (512 rows a sequence,
+    # patches 0014/0015) and reads them when it processes its rows: the drafter sees the same features as from the
+    # host copies llama.cpp makes after every batch, so it drafts the same tokens, step for step - after plain steps,
+    # across catch-ups in passes and all at once, after a prompt longer than the rows kept (it goes in chunks) and in
+    # the next generation
+    from pyllamaspec.tools import synth
+    kind, target, d1, d2, ref = dflash_setup
+    fixture, n_embd, _ = TARGETS[kind]
+    layers = (1, 1, 2) if kind == "dense" else (1, 2, 4)
+    eagle3 = tmp_path_factory.mktemp("eagle3ring") / "eagle3.gguf"
+    synth.write_eagle3_drafter(eagle3, request.getfixturevalue(fixture)[0], target_layers=layers, n_embd=n_embd)
+    long_prompt = [(7 * i + 3) % 500 + 1 for i in range(700)]  # 700 rows: chunks of at most 512 with the ring
+    schedule = (0, 0, 0, 0, 3, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 7)
+    with Model(eagle3) as e3:
+        for dft, types in [(d1, None), (d2, None), (e3, "draft-eagle3")]:
+            # fixed schedules: an adaptive session's choices follow its measured times, which differ run to run
+            for cfg in (dict(adaptive=False, n_max=7, draft_schedule=schedule, catchup_rows=3),
+                        dict(adaptive=False, n_max=5, draft_schedule=(2, 5, 0, 1, 0, 0, 4))):
+                seen = []
+                for host in (False, True):
+                    # batches of 512 rows in both: the ring's prompt goes in chunks of at most 512 rows, and an
+                    # EAGLE3 drafter's numbers differ a little with the rows it takes in at once
+                    c = SessionConfig(spec_types=types, n_ctx=1024, n_batch=512, trace_steps=4096, host_features=host,
+                                      **cfg)
+                    with SpecSession(target, dft, c) as s:
+                        assert s.info.feature_rows == (0 if host else 512)
+                        runs = []
+                        for prompt in (PROMPT, long_prompt, PROMPT):
+                            r = s.generate(prompt, N_PREDICT)
+                            steps = s.take_trace()
+                            runs.append((r.tokens, [x["draft_hash"][0] for x in steps if x["k"][0] > 0]))
+                    assert_equal_up_to_near_tie(runs[0][0], ref)
+                    seen.append(runs)
+                ring, host_copies = seen
+                assert sum(len(d) for _, d in ring) >= 6 and all(all(d) for _, d in ring)
+                assert ring == host_copies, (kind, types, cfg)
+    # batches of 2 048 rows (the default): the prompt still goes in chunks the ring holds, and the output is exact
+    with SpecSession(target, d2, SessionConfig(n_ctx=1024, adaptive=False, n_max=3)) as s:
+        assert s.info.feature_rows == 512 and s.info.n_batch > len(long_prompt)
+        r = s.generate(long_prompt, 16)
+    with SpecSession(target, None, SessionConfig(adaptive=False, spec_types=[], margins=True, n_ctx=1024)) as s:
+        ref_long = s.generate(long_prompt, 16)
+    assert r.stats.n_drafted > 0
+    assert_equal_up_to_near_tie(r.tokens, ref_long)
+    with Model(mtp_target) as mtp, SpecSession(mtp, None, SessionConfig(spec_types="draft-mtp", n_max=3)) as s:
+        assert s.info.feature_rows == 0  # MTP reads the target's last hidden state, not layer inputs
+    with pytest.raises(ConfigError, match="host_features"):
+        SessionConfig(host_features=1)

@@ -16,7 +16,7 @@ from ..errors import BackendUnavailableError, BuildError
 from . import header
 from .header import PACKAGE_DIR
 
-ABI_VERSION = 15  # must match PLS_ABI_VERSION in native/shim_common.h
+ABI_VERSION = 16  # must match PLS_ABI_VERSION in native/shim_common.h
 LIB_DIR_ENV = "PYLLAMASPEC_LIB_DIR"  # development: point at a build tree instead of the installed libs
 
 ROCM_LIBS = ("libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4")

@@ -235,6 +235,12 @@ typedef struct pls_session_params {
      * where up to 8 rows keep the vector kernels and recurring graph shapes; else all at once); after the full
      * passes the rest goes in passes of powers of two */
     int32_t  catchup_rows;
+    /* a drafter that reads the target's layer features (DFlash, DSpark, EAGLE3) reads them from the target's device,
+     * where the target keeps the latest 512 rows of each sequence, when it processes them: a step that drafts nothing
+     * copies no features to the host, and a prompt goes in chunks of at most 512 tokens (0, the default; where the
+     * device has no room for the rows, as 1). 1: the target copies them to the host after every batch, as llama.cpp
+     * does. pls_session_info.feature_rows says which */
+    int32_t  host_features;
     /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
      * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
     int32_t  draft_grammar;
@@ -274,6 +280,7 @@ typedef struct pls_session_info {
     int32_t n_threads;              /* the target context's threads for generation (the drafter's the same) */
     int32_t n_threads_batch;        /* and for prompt processing */
     int32_t catchup_rows;           /* kept rows a feature-reading drafter takes in per pass (0: no such drafter) */
+    int32_t feature_rows;           /* rows per sequence the target keeps its layer features in on its device (0: copied to the host) */
     int32_t backend_sampling;       /* 1: greedy rows are sampled on the target's output device */
     int32_t kv_window;              /* the steps in which the target's KV cache view grows (cells) */
 } pls_session_info;
