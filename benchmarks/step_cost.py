@@ -116,10 +116,12 @@ def arm_config(arm: str, n_ctx: int, level: float, spec_type: str | None, n_max_
         # the same arm with every row sampled on the host from its logits (no backend sampling)
         cfg = base(arm[:-len(HOST)])
         return None if cfg is None else dataclasses.replace(cfg, backend_sampling=False)
-    if arm.endswith(HOST_FEATURES) and arm != "plain" + HOST_FEATURES:
+    if arm.endswith(HOST_FEATURES):
         # the same arm with the drafter's features copied to the host after every batch, not kept on the device
+        # (an arm without a drafter has no features: plain-hf, plain-ring7-hf are not arms)
         cfg = base(arm[:-len(HOST_FEATURES)])
-        return None if cfg is None else dataclasses.replace(cfg, host_features=True)
+        plain = cfg is not None and cfg.spec_types is not None and not cfg.spec_types
+        return None if cfg is None or plain else dataclasses.replace(cfg, host_features=True)
     kv = re.fullmatch(r"(.+)-kv(\d+)", arm)
     if kv:
         # the same arm with the KV cache's view growing in steps of N cells (a GPU's default is 1024, llama's 256)

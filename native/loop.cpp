@@ -19,9 +19,7 @@ namespace {
 // rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
 // its context when it drafts again, as a draft model's limited catch-up does)
 constexpr int32_t KEPT_ROWS = 512;
-// rows per sequence the target keeps those drafters' features in on its device (patch 0015): the kept rows, and the
-// most rows of one sequence a batch holds (a prompt goes in chunks of at most this many)
-constexpr int32_t FEATURE_ROWS = KEPT_ROWS;
+static_assert(FEATURE_ROWS == KEPT_ROWS, "a deferred drafter's kept rows read their features from the ring");
 
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {

@@ -3,7 +3,7 @@
 #include "session_plan.h"
 
 #include "fit.h"
-#include "llama-ext.h"  // llama_model_n_devices / llama_model_get_device
+#include "llama-ext.h"  // llama_model_n_devices / llama_model_get_device / llama_model_dev_layer
 #include "gguf.h"
 
 #include <algorithm>
@@ -77,6 +77,49 @@ block_layout gguf_block_layout(const char * path) {
     return out;
 }
 
+// the features a DFlash, DSpark or EAGLE3 drafter reads, kept on the target's layers' devices (patch 0014): per layer
+// read, FEATURE_ROWS + 1 rows of n_embd floats per sequence, made after the contexts (so the measurement above does
+// not see it). Both models are read as the session would place them, nothing allocated.
+void add_feature_ring(device_totals & totals, const char * target_path, const pls::model_load_params & mt,
+                      const char * drafter_path, const pls::model_load_params & md, bool eagle3, uint32_t n_seq) {
+    auto probe = [](const pls::model_load_params & lp) {
+        llama_model_params p = lp.mp;
+        p.no_alloc = true;
+        p.load_mode = LLAMA_LOAD_MODE_NONE;
+        return p;
+    };
+    llama_model * dft = llama_model_load_from_file(drafter_path, probe(md));
+    if (dft == nullptr) {
+        return;  // a drafter llama cannot read is refused when the session opens, with its reason
+    }
+    std::vector<int32_t> ids(llama_model_target_layer_ids(dft),
+                             llama_model_target_layer_ids(dft) + llama_model_target_layer_ids_n(dft));
+    llama_model_free(dft);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());  // a layer read twice is kept once
+    if (ids.empty()) {
+        return;
+    }
+    llama_model * tgt = llama_model_load_from_file(target_path, probe(mt));
+    if (tgt == nullptr) {
+        return;
+    }
+    const int32_t n_layer = llama_model_n_layer(tgt);
+    const uint64_t per_layer = (uint64_t) llama_model_n_embd(tgt) * (pls::FEATURE_ROWS + 1) * n_seq * sizeof(float);
+    for (const int32_t il : ids) {
+        // EAGLE3 reads the output layer's input as the nextn embeddings, copied to the host as before
+        if (il < 0 || il > n_layer || (eagle3 && il == n_layer)) {
+            continue;
+        }
+        ggml_backend_dev_t dev = llama_model_dev_layer(tgt, il);
+        const std::string where = dev != nullptr ? pls::device_name(dev) : std::string("Host");
+        pls_device_memory & d = totals[where];
+        snprintf(d.name, sizeof(d.name), "%s", where.c_str());
+        d.context += per_layer;
+    }
+    llama_model_free(tgt);
+}
+
 }  // namespace
 
 extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_params * drafter,
@@ -92,8 +135,8 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
     try {
         common_params c = pls::session_common_params(*params);
         const auto & types = c.speculative.types;
-        const bool block = std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) != types.end() ||
-                           std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) != types.end();
+        auto has = [&](common_speculative_type t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+        const bool block = has(COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) || has(COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK);
         const block_layout layout = block && drafter != nullptr ? gguf_block_layout(drafter->path) : block_layout{};
         const int32_t n_max = pls::effective_n_max(types, params->n_max, layout.block_size, layout.sample_from_anchor);
         // recurrent state (and so a ring) only where the GGUF declares an SSM; upstream drops the ring for
@@ -132,6 +175,10 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
                 snprintf(totals[where].name, sizeof(totals[where].name), "%s", where.c_str());
                 llama_model_free(m);
                 out->drafter_approximate = 1;
+            }
+            const bool eagle3 = has(COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
+            if (!mtp_only && !params->host_features && (block || eagle3)) {
+                add_feature_ring(totals, target->path, mt, drafter->path, md, eagle3, plan.target.n_seq_max);
             }
         }
         for (const auto & [name, d] : totals) {

@@ -357,6 +357,23 @@ void set_catchup_rows(pls_session & s) {
     s.catchup_pass = s.sp.catchup_rows > 0 ? s.sp.catchup_rows : gpu ? GPU_CATCHUP_ROWS : 0;
 }
 
+// host_features asks for the features a drafter reads copied to the host after every batch, not kept on the
+// target's device: only DFlash, DSpark and EAGLE3 drafters read layer inputs (MTP reads the nextn embeddings, which
+// are copied either way)
+void check_host_features(const pls_session & s) {
+    if (!s.sp.host_features) {
+        return;
+    }
+    for (const common_speculative_type t : s.ctx_dft ? engine_types(s) : std::vector<common_speculative_type>{}) {
+        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH || t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK ||
+            t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) {
+            return;
+        }
+    }
+    fail(PLS_ERR_INVALID, "host_features=true: only a drafter that reads the target's layer inputs (DFlash, DSpark, "
+                          "EAGLE3) has features to copy to the host, and this session has none; leave it false");
+}
+
 // synthetic acceptance: validated by upstream's resolver, applied by the loop (upstream's engine only stores it)
 void setup_synthetic_acceptance(pls_session & s) {
     common_params & c = s.params;
@@ -467,6 +484,7 @@ void setup_drafting(pls_session & s) {
     setup_device_greedy(s);
     set_drafter_kind(s);
     set_catchup_rows(s);
+    check_host_features(s);
     setup_synthetic_acceptance(s);
     if (s.own_draft_model) {
         setup_own_draft_model(s);

@@ -21,6 +21,11 @@ common_params session_common_params(const pls_session_params & p);
 int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size,
                         bool sample_from_anchor = true);
 
+// rows per sequence the target keeps a feature-reading drafter's features in on its layers' devices (patches 0014,
+// 0015; one more row each for what falls behind them): the rows a deferred drafter keeps, and the most rows of one
+// sequence a batch holds (a prompt goes in chunks of at most this many)
+constexpr int32_t FEATURE_ROWS = 512;
+
 struct context_plan {
     llama_context_params target{};
     llama_context_params draft{};

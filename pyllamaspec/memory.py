@@ -2,7 +2,8 @@
 
 Upstream's loader runs without allocating (the same pass its memory fit uses) for the target with the
 session's context — KV cache, recurrent snapshot ring, compute buffers — and for the drafter, so an
-impossible configuration is refused with numbers instead of dying in an allocation.
+impossible configuration is refused with numbers instead of dying in an allocation. The features a DFlash,
+DSpark or EAGLE3 drafter reads, which the target keeps on its layers' devices, count as context ("KV+ring").
 """
 
 from __future__ import annotations

@@ -36,6 +36,45 @@ def test_drafter_weights_are_counted(dense_pair):
     assert both.need > alone.need
 
 
+def test_the_features_a_drafter_reads_are_counted_where_the_target_keeps_them(dense_pair, tmp_path_factory):
+    # a DFlash or EAGLE3 drafter reads the target's layer inputs, which the target keeps for it on the layers' devices
+    # (here the host): 513 rows of n_embd floats per layer read and per sequence, a layer read twice kept once.
+    # EAGLE3's read of the output layer's input is the nextn embeddings, which no ring keeps; with host_features
+    # nothing is kept, and a draft model reads no features
+    from helpers import ON_GPU, TARGETS, make_dflash
+
+    from pyllamaspec import Model
+    _, n_embd, ids = TARGETS["dense"]
+    target, draft_model = dense_pair
+    dflash = make_dflash(tmp_path_factory, target, n_embd, ids, version=1, block_size=16)
+    eagle3 = tmp_path_factory.mktemp("eagle3mem") / "eagle3.gguf"
+    with Model(target) as t, Model(dflash) as d:
+        n_layer, dflash_layers = t.info.n_layer, set(d.info.target_layers)
+        assert t.info.n_embd == n_embd and dflash_layers
+    synth.write_eagle3_drafter(eagle3, target, target_layers=(0, 0, n_layer), n_embd=n_embd)
+
+    def context(drafter, n_parallel, **kw):
+        cfg = SessionConfig(adaptive=False, n_max=4, n_ctx=256, n_parallel=n_parallel, **kw)
+        return total_need(estimate_memory(target, drafter, session_config=cfg)).context
+
+    def by_device(**kw):
+        cfg = SessionConfig(adaptive=False, n_max=4, n_ctx=256, **kw)
+        return {d.name: d.context for d in estimate_memory(target, dflash, session_config=cfg).devices}
+
+    # on the device that holds the target's layers: the host here, the GPU where there is one
+    kept_on, copied = by_device(), by_device(host_features=True)
+    grew = [name for name in kept_on if kept_on[name] != copied.get(name, 0)]
+    assert grew == (["Host"] if not ON_GPU else [n for n in kept_on if n != "Host"][:1]), (kept_on, copied)
+    row = n_embd * 4
+    for n_parallel in (1, 3):
+        kept = context(dflash, n_parallel) - context(dflash, n_parallel, host_features=True)
+        assert kept == len(dflash_layers) * 513 * row * n_parallel
+        kept = (context(eagle3, n_parallel, spec_types="draft-eagle3")
+                - context(eagle3, n_parallel, spec_types="draft-eagle3", host_features=True))
+        assert kept == 513 * row * n_parallel  # layer 0, once
+        assert context(draft_model, n_parallel) == context(draft_model, n_parallel, host_features=True)
+
+
 def test_a_gpu_short_of_memory_is_refused_with_numbers():
     gib = 2 ** 30
     estimate = MemoryEstimate(devices=(

@@ -365,3 +365,8 @@ def test_features_kept_on_the_targets_device_draft_what_host_copies_draft(reques
         assert s.info.feature_rows == 0  # MTP reads the target's last hidden state, not layer inputs
     with pytest.raises(ConfigError, match="host_features"):
         SessionConfig(host_features=1)
+    # where no drafter reads layer inputs there is nothing to copy: the field is refused, not ignored
+    with Model(mtp_target) as mtp:
+        for model, types in ((mtp, "draft-mtp"), (target, "ngram-simple"), (target, [])):
+            with pytest.raises(ConfigError, match="host_features=true: only a drafter that reads the target's layer"):
+                SpecSession(model, None, SessionConfig(spec_types=types, n_max=3, host_features=True))

@@ -67,6 +67,11 @@ def test_an_arm_the_harness_does_not_know_is_refused_with_the_arms_it_knows(step
     assert step_cost.graph_suffix("n4-gs-b") == step_cost.graph_suffix("n4-gs") == "-gs"
     assert step_cost.graph_suffix("n4-b") is None
     assert not step_cost.known_arm("n4-f") and not step_cost.known_arm("-b") and not step_cost.known_arm("n4-bb")
+    # -hf copies a drafter's features to the host: an arm without a drafter has none
+    assert step_cost.arm_config("zero15-hf", 512, 0.0, None, 4, 512, 0).host_features
+    assert step_cost.known_arm("adaptive7-ring7-hf")
+    for arm in ("plain-hf", "plain-ring7-hf", "plain-kv1024-hf"):
+        assert not step_cost.known_arm(arm), arm
 
 
 def test_ignore_eos_reaches_upstreams_speculative_simple(step_cost, monkeypatch, tmp_path):

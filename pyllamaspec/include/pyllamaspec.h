@@ -239,7 +239,7 @@ typedef struct pls_session_params {
      * where the target keeps the latest 512 rows of each sequence, when it processes them: a step that drafts nothing
      * copies no features to the host, and a prompt goes in chunks of at most 512 tokens (0, the default; where the
      * device has no room for the rows, as 1). 1: the target copies them to the host after every batch, as llama.cpp
-     * does. pls_session_info.feature_rows says which */
+     * does; PLS_ERR_INVALID where no drafter reads layer features. pls_session_info.feature_rows says which */
     int32_t  host_features;
     /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
      * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
@@ -571,7 +571,8 @@ typedef struct pls_memory_estimate {
 } pls_memory_estimate;
 
 /* What a session of these models and settings would allocate on each device, measured by upstream's loader
- * without allocating anything. drafter may be NULL. Returns a pls_status. */
+ * without allocating anything (the layer features a drafter reads, kept on the target's device unless host_features,
+ * count as context). drafter may be NULL. Returns a pls_status. */
 int32_t pls_estimate_memory(const pls_model_params * target, const pls_model_params * drafter,
                             const pls_session_params * params, pls_memory_estimate * out, char * err, size_t err_size);
 
