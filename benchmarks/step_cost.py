@@ -324,7 +324,7 @@ def main(argv=None) -> int:
                         steps = max(1, st.n_steps)
                         row = {"tok_s": st.tokens_per_second, "acceptance": st.acceptance,
                                "al": st.mean_accepted_length, "steps": st.n_steps,
-                               "ms_per_step": st.t_decode_ms / steps,
+                               "ms_per_step": st.t_decode_ms / steps, "prefill_ms": st.t_prefill_ms,
                                "profile_ms_per_step": {k: getattr(st, k) / steps for k in (
                                    "t_draft_ms", "t_verify_ms", "t_sync_ms", "t_sample_ms", "t_process_ms",
                                    "t_rollback_ms")},

@@ -38,6 +38,7 @@ def test_the_arms_order_turns_every_round_and_each_run_says_where_it_stood(step_
     for arm, rows in runs.items():
         for row in rows:
             assert round(row["steps"] * row["al"]) == 12, (arm, row)
+            assert row["prefill_ms"] > 0, (arm, row)  # every round's prompt is its own, processed in full
     # the trace keeps each arm's measured rounds, in the arm's own round order
     from pyllamaspec.bench import trace as tracefile
 
