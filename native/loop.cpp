@@ -19,7 +19,7 @@ namespace {
 // rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
 // its context when it drafts again, as a draft model's limited catch-up does)
 constexpr int32_t KEPT_ROWS = 512;
-static_assert(FEATURE_ROWS == KEPT_ROWS, "a deferred drafter's kept rows read their features from the ring");
+static_assert(FEATURE_ROWS >= KEPT_ROWS, "a deferred drafter's kept rows read their features from the ring");
 
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
@@ -119,8 +119,9 @@ void reset_generation(pls_session & s) {
         // them: a step that drafts nothing copies none to the host (patch 0015). Where the device has no room for
         // them, or the drafter reads no layer features, they are copied after every batch as before
         s.feature_rows = 0;
-        if (!s.sp.host_features && common_speculative_defer_ring(s.spec, FEATURE_ROWS)) {
-            s.feature_rows = FEATURE_ROWS;
+        const int32_t rows = feature_ring_rows((int32_t) llama_n_ubatch(s.ctx_tgt.get()));
+        if (!s.sp.host_features && common_speculative_defer_ring(s.spec, rows)) {
+            s.feature_rows = rows;
         }
     }
     s.streams.clear();

@@ -78,10 +78,11 @@ block_layout gguf_block_layout(const char * path) {
 }
 
 // the features a DFlash, DSpark or EAGLE3 drafter reads, kept on the target's layers' devices (patch 0014): per layer
-// read, FEATURE_ROWS + 1 rows of n_embd floats per sequence, made after the contexts (so the measurement above does
-// not see it). Both models are read as the session would place them, nothing allocated.
+// read, feature_ring_rows(n_ubatch) + 1 rows of n_embd floats per sequence, made after the contexts (so the
+// measurement above does not see it). Both models are read as the session would place them, nothing allocated.
 void add_feature_ring(device_totals & totals, const char * target_path, const pls::model_load_params & mt,
-                      const char * drafter_path, const pls::model_load_params & md, bool eagle3, uint32_t n_seq) {
+                      const char * drafter_path, const pls::model_load_params & md, bool eagle3,
+                      const llama_context_params & cp) {
     auto probe = [](const pls::model_load_params & lp) {
         llama_model_params p = lp.mp;
         p.no_alloc = true;
@@ -105,7 +106,10 @@ void add_feature_ring(device_totals & totals, const char * target_path, const pl
         return;
     }
     const int32_t n_layer = llama_model_n_layer(tgt);
-    const uint64_t per_layer = (uint64_t) llama_model_n_embd(tgt) * (pls::FEATURE_ROWS + 1) * n_seq * sizeof(float);
+    // the context's ubatch: the one asked for, bounded by n_batch and (the target is causal) n_ctx, as llama does
+    const uint32_t n_ubatch = std::min({ cp.n_ubatch, cp.n_batch, cp.n_ctx > 0 ? cp.n_ctx : cp.n_batch });
+    const int32_t rows = pls::feature_ring_rows((int32_t) n_ubatch);
+    const uint64_t per_layer = (uint64_t) llama_model_n_embd(tgt) * (rows + 1) * cp.n_seq_max * sizeof(float);
     for (const int32_t il : ids) {
         // EAGLE3 reads the output layer's input as the nextn embeddings, copied to the host as before
         if (il < 0 || il > n_layer || (eagle3 && il == n_layer)) {
@@ -178,7 +182,7 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
             }
             const bool eagle3 = has(COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
             if (!mtp_only && !params->host_features && (block || eagle3)) {
-                add_feature_ring(totals, target->path, mt, drafter->path, md, eagle3, plan.target.n_seq_max);
+                add_feature_ring(totals, target->path, mt, drafter->path, md, eagle3, plan.target);
             }
         }
         for (const auto & [name, d] : totals) {

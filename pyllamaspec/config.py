@@ -478,8 +478,9 @@ class SessionConfig:
     # a GPU, else all at once. Set for a session whose drafter reads no features, the session refuses to open
     catchup_rows: int = 0
     # a drafter that reads the target's layer features (DFlash, DSpark, EAGLE3) reads them from the target's device,
-    # where the target keeps the latest 512 rows of each sequence, when it processes them, so a step that drafts
-    # nothing copies none to the host; True: the target copies them to the host after every batch, as llama.cpp does
+    # where the target keeps the latest max(512, n_ubatch) rows of each sequence, when it processes them, so a step
+    # that drafts nothing copies none to the host; True: the target copies them to the host after every batch, as
+    # llama.cpp does
     host_features: bool = False
     # a draft model (draft-simple) drafts the best of its top 10 candidates that the sequence's grammar allows (a
     # drafted token the grammar forbids would be rejected); False: its best candidate, as upstream's draft-simple

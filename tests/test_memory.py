@@ -54,7 +54,7 @@ def test_the_features_a_drafter_reads_are_counted_where_the_target_keeps_them(de
     synth.write_eagle3_drafter(eagle3, target, target_layers=(0, 0, n_layer), n_embd=n_embd)
 
     def context(drafter, n_parallel, **kw):
-        cfg = SessionConfig(adaptive=False, n_max=4, n_ctx=256, n_parallel=n_parallel, **kw)
+        cfg = SessionConfig(**{**dict(adaptive=False, n_max=4, n_ctx=256, n_parallel=n_parallel), **kw})
         return total_need(estimate_memory(target, drafter, session_config=cfg)).context
 
     def by_device(**kw):
@@ -73,6 +73,9 @@ def test_the_features_a_drafter_reads_are_counted_where_the_target_keeps_them(de
                 - context(eagle3, n_parallel, spec_types="draft-eagle3", host_features=True))
         assert kept == 513 * row * n_parallel  # layer 0, once
         assert context(draft_model, n_parallel) == context(draft_model, n_parallel, host_features=True)
+    # at least a ubatch's rows: a prompt goes in the ubatches it would go in with host copies
+    big = dict(n_ubatch=1024, n_batch=1024, n_ctx=2048)
+    assert context(dflash, 1, **big) - context(dflash, 1, host_features=True, **big) == len(dflash_layers) * 1025 * row
 
 
 def test_a_gpu_short_of_memory_is_refused_with_numbers():

@@ -333,16 +333,18 @@ def test_features_kept_on_the_targets_device_draft_what_host_copies_draft(reques
     with Model(eagle3) as e3:
         for dft, types in [(d1, None), (d2, None), (e3, "draft-eagle3")]:
             # fixed schedules: an adaptive session's choices follow its measured times, which differ run to run
-            for cfg in (dict(adaptive=False, n_max=7, draft_schedule=schedule, catchup_rows=3),
-                        dict(adaptive=False, n_max=5, draft_schedule=(2, 5, 0, 1, 0, 0, 4))):
+            # batches of 512 rows in both: the ring's prompt goes in chunks of at most 512 rows (at least a ubatch), and
+            # an EAGLE3 drafter's numbers differ a little with the rows it takes in at once; with ubatches of 1 024 the
+            # ring keeps 1 024 rows and the long prompt goes in one batch in both
+            for cfg in (dict(adaptive=False, n_max=7, draft_schedule=schedule, catchup_rows=3, n_batch=512),
+                        dict(adaptive=False, n_max=5, draft_schedule=(2, 5, 0, 1, 0, 0, 4), n_batch=512),
+                        dict(adaptive=False, n_max=5, draft_schedule=(2, 5, 0, 1, 0, 0, 4), n_batch=1024,
+                             n_ubatch=1024)):
                 seen = []
                 for host in (False, True):
-                    # batches of 512 rows in both: the ring's prompt goes in chunks of at most 512 rows, and an
-                    # EAGLE3 drafter's numbers differ a little with the rows it takes in at once
-                    c = SessionConfig(spec_types=types, n_ctx=1024, n_batch=512, trace_steps=4096, host_features=host,
-                                      **cfg)
+                    c = SessionConfig(spec_types=types, n_ctx=1024, trace_steps=4096, host_features=host, **cfg)
                     with SpecSession(target, dft, c) as s:
-                        assert s.info.feature_rows == (0 if host else 512)
+                        assert s.info.feature_rows == (0 if host else max(512, c.n_ubatch))
                         runs = []
                         for prompt in (PROMPT, long_prompt, PROMPT):
                             r = s.generate(prompt, N_PREDICT)

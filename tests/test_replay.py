@@ -241,6 +241,14 @@ LONG_CASES = {
     # Bounds: the same rule
     "h100-27b-dflash2-d4096-q3nat.json.gz": (7, (), {0.0: 0.95}),
     "h100-27b-dflash2-d4096-q3.json.gz": (7, (3, 5), {0.6: 0.95}),
+    # the same controller with the drafter's features kept on the target's device (patches 0014, 0015), on an H100:
+    # the 35B-A3B (natural, 0.3, 0.6, 0.8 with n3; 0.8, 0.9 with n3 and n7) and the 27B (natural; 0.6-0.9 with n3 and
+    # n7). Bounds: the same rule
+    "h100-35b-a3b-dflash-d0-ringq.json.gz": (15, (3,), {0.3: 0.95, 0.6: 1.02}),
+    "h100-35b-a3b-dflash-d0-ringq2.json.gz": (15, (3, 7), {0.8: 0.93, 0.9: 0.95}),
+    "h100-35b-a3b-dflash-d0-ringq3.json.gz": (15, (3,), {0.0: 0.94, 0.8: 0.98}),
+    "h100-27b-dflash2-d0-ringq2.json.gz": (7, (3, 7), {0.6: 0.96, 0.8: 1.0, 0.9: 0.96}),
+    "h100-27b-dflash2-d0-ringq3.json.gz": (7, (), {0.0: 0.95}),
 }
 
 

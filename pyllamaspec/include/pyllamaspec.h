@@ -236,10 +236,10 @@ typedef struct pls_session_params {
      * passes the rest goes in passes of powers of two */
     int32_t  catchup_rows;
     /* a drafter that reads the target's layer features (DFlash, DSpark, EAGLE3) reads them from the target's device,
-     * where the target keeps the latest 512 rows of each sequence, when it processes them: a step that drafts nothing
-     * copies no features to the host, and a prompt goes in chunks of at most 512 tokens (0, the default; where the
-     * device has no room for the rows, as 1). 1: the target copies them to the host after every batch, as llama.cpp
-     * does; PLS_ERR_INVALID where no drafter reads layer features. pls_session_info.feature_rows says which */
+     * where the target keeps the latest max(512, n_ubatch) rows of each sequence, when it processes them: a step that
+     * drafts nothing copies no features to the host, and a prompt goes in chunks of at most that many tokens (0, the
+     * default; where the device has no room for the rows, as 1). 1: the target copies them to the host after every
+     * batch, as llama.cpp does; PLS_ERR_INVALID where no drafter reads layer features. pls_session_info.feature_rows says which */
     int32_t  host_features;
     /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
      * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
