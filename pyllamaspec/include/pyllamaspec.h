@@ -239,7 +239,8 @@ typedef struct pls_session_params {
      * where the target keeps the latest max(512, n_ubatch) rows of each sequence, when it processes them: a step that
      * drafts nothing copies no features to the host, and a prompt goes in chunks of at most that many tokens (0, the
      * default; where the device has no room for the rows, as 1). 1: the target copies them to the host after every
-     * batch, as llama.cpp does; PLS_ERR_INVALID where no drafter reads layer features. pls_session_info.feature_rows says which */
+     * batch, as llama.cpp does; PLS_ERR_INVALID where no drafter reads layer features. pls_session_info.feature_rows
+     * says which */
     int32_t  host_features;
     /* a draft model (draft-simple) drafts the best of its top candidates that the sequence's grammar allows
      * (1), or its best candidate whatever the grammar (0); a sequence without a grammar is not affected */
