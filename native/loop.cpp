@@ -16,10 +16,6 @@ namespace pls {
 
 namespace {
 
-// rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
-// its context when it drafts again, as a draft model's limited catch-up does)
-constexpr int32_t KEPT_ROWS = 512;
-static_assert(FEATURE_ROWS >= KEPT_ROWS, "a deferred drafter's kept rows read their features from the ring");
 
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {

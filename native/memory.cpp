@@ -77,19 +77,21 @@ block_layout gguf_block_layout(const char * path) {
     return out;
 }
 
+// a model's parameters as the session would load it, for a load that reads the file's layout and allocates nothing
+llama_model_params probe_params(const pls::model_load_params & lp) {
+    llama_model_params p = lp.mp;
+    p.no_alloc = true;
+    p.load_mode = LLAMA_LOAD_MODE_NONE;
+    return p;
+}
+
 // the features a DFlash, DSpark or EAGLE3 drafter reads, kept on the target's layers' devices (patch 0014): per layer
 // read, feature_ring_rows(n_ubatch) + 1 rows of n_embd floats per sequence, made after the contexts (so the
 // measurement above does not see it). Both models are read as the session would place them, nothing allocated.
 void add_feature_ring(device_totals & totals, const char * target_path, const pls::model_load_params & mt,
                       const char * drafter_path, const pls::model_load_params & md, bool eagle3,
                       const llama_context_params & cp) {
-    auto probe = [](const pls::model_load_params & lp) {
-        llama_model_params p = lp.mp;
-        p.no_alloc = true;
-        p.load_mode = LLAMA_LOAD_MODE_NONE;
-        return p;
-    };
-    llama_model * dft = llama_model_load_from_file(drafter_path, probe(md));
+    llama_model * dft = llama_model_load_from_file(drafter_path, probe_params(md));
     if (dft == nullptr) {
         return;  // a drafter llama cannot read is refused when the session opens, with its reason
     }
@@ -101,7 +103,7 @@ void add_feature_ring(device_totals & totals, const char * target_path, const pl
     if (ids.empty()) {
         return;
     }
-    llama_model * tgt = llama_model_load_from_file(target_path, probe(mt));
+    llama_model * tgt = llama_model_load_from_file(target_path, probe_params(mt));
     if (tgt == nullptr) {
         return;
     }
@@ -139,8 +141,8 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
     try {
         common_params c = pls::session_common_params(*params);
         const auto & types = c.speculative.types;
-        auto has = [&](common_speculative_type t) { return std::find(types.begin(), types.end(), t) != types.end(); };
-        const bool block = has(COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) || has(COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK);
+        const bool block = pls::has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) ||
+                           pls::has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK);
         const block_layout layout = block && drafter != nullptr ? gguf_block_layout(drafter->path) : block_layout{};
         const int32_t n_max = pls::effective_n_max(types, params->n_max, layout.block_size, layout.sample_from_anchor);
         // recurrent state (and so a ring) only where the GGUF declares an SSM; upstream drops the ring for
@@ -166,10 +168,7 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
                 if (mtp_only) {
                     throw;
                 }
-                llama_model_params probe = md.mp;
-                probe.no_alloc = true;
-                probe.load_mode = LLAMA_LOAD_MODE_NONE;
-                llama_model * m = llama_model_load_from_file(drafter->path, probe);
+                llama_model * m = llama_model_load_from_file(drafter->path, probe_params(md));
                 if (m == nullptr) {
                     throw std::runtime_error("cannot read the drafter '" + std::string(drafter->path) + "'");
                 }
@@ -180,9 +179,9 @@ extern "C" int32_t pls_estimate_memory(const pls_model_params * target, const pl
                 llama_model_free(m);
                 out->drafter_approximate = 1;
             }
-            const bool eagle3 = has(COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
-            if (!mtp_only && !params->host_features && (block || eagle3)) {
-                add_feature_ring(totals, target->path, mt, drafter->path, md, eagle3, plan.target);
+            if (!mtp_only && !params->host_features && pls::reads_layer_inputs(types)) {
+                add_feature_ring(totals, target->path, mt, drafter->path, md,
+                                 pls::has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3), plan.target);
             }
         }
         for (const auto & [name, d] : totals) {

@@ -358,17 +358,10 @@ void set_catchup_rows(pls_session & s) {
 }
 
 // host_features asks for the features a drafter reads copied to the host after every batch, not kept on the
-// target's device: only DFlash, DSpark and EAGLE3 drafters read layer inputs (MTP reads the nextn embeddings, which
-// are copied either way)
+// target's device: only a drafter that reads layer inputs has any (MTP's nextn embeddings are copied either way)
 void check_host_features(const pls_session & s) {
-    if (!s.sp.host_features) {
+    if (!s.sp.host_features || (s.ctx_dft && reads_layer_inputs(engine_types(s)))) {
         return;
-    }
-    for (const common_speculative_type t : s.ctx_dft ? engine_types(s) : std::vector<common_speculative_type>{}) {
-        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH || t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK ||
-            t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) {
-            return;
-        }
     }
     fail(PLS_ERR_INVALID, "host_features=true: only a drafter that reads the target's layer inputs (DFlash, DSpark, "
                           "EAGLE3) has features to copy to the host, and this session has none; leave it false");

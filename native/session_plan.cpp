@@ -19,6 +19,11 @@ bool has_type(const std::vector<common_speculative_type> & types, common_specula
     return std::find(types.begin(), types.end(), t) != types.end();
 }
 
+bool reads_layer_inputs(const std::vector<common_speculative_type> & types) {
+    return has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) || has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) ||
+           has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
+}
+
 int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size,
                              bool sample_from_anchor) {
     if (block_size > 0 && has_type(types, COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) && sample_from_anchor) {

@@ -21,13 +21,19 @@ common_params session_common_params(const pls_session_params & p);
 int32_t effective_n_max(const std::vector<common_speculative_type> & types, int32_t n_max, int32_t block_size,
                         bool sample_from_anchor = true);
 
+// rows a deferred drafter keeps for a stream that does not draft: the most recent ones (older ones leave a gap in
+// its context when it drafts again, as a draft model's limited catch-up does)
+constexpr int32_t KEPT_ROWS = 512;
+
 // rows per sequence the target keeps a feature-reading drafter's features in on its layers' devices (patches 0014,
 // 0015; one more row each for what falls behind them), and so the most rows of one sequence a batch holds: at least
 // the rows a deferred drafter keeps, and a whole ubatch, so that a prompt goes in the ubatches it would go in with
 // the features copied to the host (an H100, 27B + DFlash2, a 4 096-token prompt in ubatches of 2 048: 1.85 s with
 // host copies, 2.11 s in chunks of 512)
-constexpr int32_t FEATURE_ROWS = 512;
-inline int32_t feature_ring_rows(int32_t n_ubatch) { return n_ubatch > FEATURE_ROWS ? n_ubatch : FEATURE_ROWS; }
+inline int32_t feature_ring_rows(int32_t n_ubatch) { return n_ubatch > KEPT_ROWS ? n_ubatch : KEPT_ROWS; }
+
+// the drafters that read the target's layer inputs (DFlash, DSpark, EAGLE3; MTP reads its nextn embeddings)
+bool reads_layer_inputs(const std::vector<common_speculative_type> & types);
 
 struct context_plan {
     llama_context_params target{};
