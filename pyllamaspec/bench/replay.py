@@ -229,6 +229,10 @@ class CostModel:
                 m.target[(n, 2)] = ms
         if not m.target:
             raise ValueError("the trace holds no single-stream steps to learn costs from")
+        if not (m.draft_call or m.call_cold or behind or m.draft_first):
+            # (a trace of plain and never-drafting arms: priced as free, every draft would look like a gain)
+            raise ConfigError("the trace holds no step that drafted, so drafting has no cost to replay: "
+                              "record an arm that drafts (a fixed length or adaptive) beside it")
         if m.call_cold and not m.draft_call:
             m.draft_call, m.call_cold = m.call_cold, {}  # no steady run of any length: the calls as measured
         for key, n, ms in behind:
@@ -563,6 +567,8 @@ def main(argv=None) -> int:
         model = CostModel.from_arms(arms, args.depth if args.depth is not None else arms[0]["setup"]["depth"])
     except OSError as e:
         ap.error(f"cannot read a trace: {e}")
+    except ConfigError as e:
+        ap.error(f"{', '.join(str(p) for p in args.traces)}: {e}")
     except (ValueError, KeyError, TypeError, IndexError, EOFError) as e:
         ap.error(f"not a trace of benchmarks/step_cost.py --trace ({type(e).__name__}: {e}), or no steps at that depth")
     if args.kv_window:
@@ -573,7 +579,8 @@ def main(argv=None) -> int:
         model = dataclasses.replace(model, kv_window=args.kv_window)
     fixed = fixed_given or sorted(
         {a["setup"]["n_max"] for a in arms if a["arm"].startswith("n") and a["arm"][1:].isdigit()})
-    n_max = args.n_max or max([a["setup"]["n_max"] for a in arms if a["arm"].startswith("adaptive")] or fixed)
+    n_max = args.n_max or max([a["setup"]["n_max"] for a in arms if a["arm"].startswith("adaptive")] or fixed
+                              or [a["setup"]["n_max"] for a in arms if a["arm"] != "plain"])
     try:
         rows = summarize(grid(model, n_max, levels, fixed, n_predict=args.n_predict,
                               generations=args.generations, rounds=args.rounds, seed=args.seed))
