@@ -72,7 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="a table row per cell")
     args = ap.parse_args(argv)
     for path in args.records:
-        record = json.loads(path.read_text())
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or not isinstance(record.get("cells"), list) or "n_predict" not in record:
+                raise ValueError("no cells")
+        except OSError as e:
+            ap.error(f"cannot read {path}: {e}")
+        except ValueError:
+            # (a `pyllamaspec bench` record - the class grid's - holds records by class, not cells by level)
+            ap.error(f"{path}: not a record of benchmarks/step_cost.py (its --json: n_predict, rounds and cells)")
         print(f"# {path.name} ({record['n_predict']} tokens, {record['rounds']} rounds)")
         for r in cell_rows(record):
             level = "natural" if not r["level"] else f"p {r['level']}"

@@ -47,3 +47,16 @@ def test_a_cell_without_plain_or_fixed_arms_gives_no_row(cell_summary):
     record = {"n_predict": 10, "rounds": 1, "cells": [{"depth": 0, "synthetic_acceptance": None,
                                                        "arms": {"adaptive": {"runs": runs([10.0])}}}]}
     assert cell_summary.cell_rows(record) == []
+
+
+def test_a_record_of_another_tool_is_refused_with_what_it_takes(cell_summary, tmp_path, capsys):
+    # a `pyllamaspec bench` record (the class grid's: records by class) is not a step_cost record
+    bench = tmp_path / "classes.json"
+    bench.write_text(json.dumps({"environment": {}, "arms": [], "records": []}))
+    for path, says in ((bench, "not a record of benchmarks/step_cost.py"), (tmp_path / "none.json", "cannot read"),
+                       (tmp_path / "bad.json", "not a record of")):
+        if path.name == "bad.json":
+            path.write_text("{")
+        with pytest.raises(SystemExit) as e:
+            cell_summary.main([str(path)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
