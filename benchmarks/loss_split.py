@@ -3,7 +3,9 @@
 session with a drafter attached pays on a step that drafts nothing, against the plain arm's median step) and its
 drafting steps (their time beyond what plain decoding of the tokens they committed costs: negative where drafting
 paid). Shares of the plain arm's time, medians over the rounds (a generation's first step, which runs after its
-prompt, is in the total alone). A cell without a plain arm takes the plain arm of another cell at the same depth.
+prompt, is in the total alone), each round against the plain arm's round of the same index - the arms ran interleaved,
+so a machine that moves between rounds moves both alike. A cell without a plain arm takes the plain arm of another cell
+at the same depth, pooled over its rounds (another run: nothing to pair with).
 
     python benchmarks/loss_split.py benchmarks/traces/h100-35b-a3b-dflash-d0-q1.json.gz [more ...]
 """
@@ -18,8 +20,18 @@ from pathlib import Path
 from pyllamaspec.bench import trace
 
 
+def _plain_of(rnd: list) -> tuple[float, float] | None:
+    """A plain round's median step (its generation's first aside) and its total, or None where it has no such step."""
+    steps = [s["t_step"] for s in rnd[1:]]
+    return (statistics.median(steps), sum(s["t_step"] for s in rnd)) if steps else None
+
+
 def split(arms: list[dict]) -> list[dict]:
-    """One row per adaptive arm and cell: plain's median ms per round, the adaptive arm's, and its excess split."""
+    """One row per adaptive arm and cell: plain's median ms per step, the adaptive arm's, and its excess split.
+
+    Each of the arm's rounds is set against the plain arm's round of the same index where the cell has its own plain
+    arm with as many rounds (the arms ran interleaved, so the machine's moves between rounds hit both alike:
+    `paired`); a cell without one takes the plain arm of its depth (another run) pooled over its rounds."""
     cells: dict = {}
     for a in arms:
         st = a["setup"]
@@ -38,19 +50,26 @@ def split(arms: list[dict]) -> list[dict]:
         for name, a in by_arm.items():
             if not name.startswith("adaptive"):
                 continue
+            own = [_plain_of(r) for r in plain["rounds"]] if "plain" in by_arm else []
+            paired = len(own) == len(a["rounds"]) and all(own)
             per = {"plain_steps": [], "drafting": [], "total": []}
             k0_steps = []  # the arm's steps that drafted nothing, a generation's first aside
-            for r in a["rounds"]:
+            k0_less = []  # per round: its median such step less the plain round's median step
+            for i, r in enumerate(a["rounds"]):
+                step_ms, round_ms = own[i] if paired else (p_step, p_round)
                 k0 = [s["t_step"] for s in r[1:] if s["k"] == 0 and not s["drafted"]]
                 k0_steps += k0
-                drafting = sum(s["t_step"] - (1 + min(s["accepted"], s["drafted"])) * p_step
+                if k0:
+                    k0_less.append(statistics.median(k0) - step_ms)
+                drafting = sum(s["t_step"] - (1 + min(s["accepted"], s["drafted"])) * step_ms
                                for s in r if s["k"] > 0 or s["drafted"])
-                per["plain_steps"].append((sum(k0) - len(k0) * p_step) / p_round)
-                per["drafting"].append(drafting / p_round)
-                per["total"].append(sum(s["t_step"] for s in r) / p_round - 1.0)
+                per["plain_steps"].append((sum(k0) - len(k0) * step_ms) / round_ms)
+                per["drafting"].append(drafting / round_ms)
+                per["total"].append(sum(s["t_step"] for s in r) / round_ms - 1.0)
             rows.append({
-                "depth": depth, "level": level, "arm": name, "plain_step_ms": p_step,
+                "depth": depth, "level": level, "arm": name, "plain_step_ms": p_step, "paired": paired,
                 "adaptive_plain_step_ms": statistics.median(k0_steps) if k0_steps else None,
+                "plain_step_beyond_ms": statistics.median(k0_less) if k0_less else None,
                 **{key: statistics.median(v) for key, v in per.items() if v},
             })
     return rows
@@ -64,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {path.name}")
         for r in split(trace.load(path)):
             level = "natural" if not r["level"] else f"p {r['level']}"
-            k0 = r["adaptive_plain_step_ms"]
+            k0, beyond = r["adaptive_plain_step_ms"], r["plain_step_beyond_ms"]
             k0 = f"{k0:.3f}" if k0 is not None else "-"
+            beyond = f", {beyond * 1000:+.0f} us a round" if beyond is not None else ""
+            how = "paired by round" if r["paired"] else "against plain pooled over its rounds"
             print(f"d{r['depth']} {level} {r['arm']}: {r['total']:+.1%} of plain's time; plain steps "
-                  f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}), drafting "
-                  f"{r['drafting']:+.1%}")
+                  f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}{beyond}), drafting "
+                  f"{r['drafting']:+.1%} ({how})")
     return 0
 
 

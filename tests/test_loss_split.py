@@ -33,6 +33,21 @@ def test_the_excess_splits_into_plain_steps_and_drafting(loss_split):
     assert row["total"] == pytest.approx(0.13)
 
 
+def test_each_round_is_set_against_plain_decodings_round_beside_it(loss_split):
+    # the machine moved between rounds: plain's steps 1.0 ms in one, 2.0 in the other; the adaptive arm's plain steps
+    # 10% dearer than plain's in each. Pooled (plain 1.5 ms) one round would seem 27% cheaper, the other 47% dearer
+    plain = arm("plain", None, [[step(1.0)] * 10, [step(2.0)] * 10])
+    adaptive = arm("adaptive", None, [[step(1.0)] + [step(1.1)] * 9, [step(2.0)] + [step(2.2)] * 9])
+    [row] = loss_split.split([plain, adaptive])
+    assert row["paired"]
+    assert row["plain_steps"] == pytest.approx(0.09)  # 9 steps 10% dearer, in a round of 10 plain steps
+    assert row["total"] == pytest.approx(0.09)
+    assert row["plain_step_beyond_ms"] == pytest.approx(0.15)  # 0.1 and 0.2 ms beyond the round beside each
+    # rounds that do not line up (a plain arm of fewer rounds) are set against plain pooled, and say so
+    [row] = loss_split.split([arm("plain", None, [[step(1.0)] * 10]), adaptive])
+    assert not row["paired"] and row["plain_step_ms"] == pytest.approx(1.0)
+
+
 def test_a_cell_without_plain_takes_plain_of_its_depth_and_drafting_that_pays_is_negative(loss_split):
     plain = arm("plain", None, [[step(1.0)] * 10], depth=4096)
     paying = arm("adaptive7", 0.8, [[step(1.0)] + [step(1.5, k=3, drafted=3, accepted=3)] * 3], depth=4096)
@@ -40,7 +55,7 @@ def test_a_cell_without_plain_takes_plain_of_its_depth_and_drafting_that_pays_is
     [row] = loss_split.split([plain, paying, other_depth])
     assert (row["depth"], row["level"]) == (4096, 0.8)
     assert row["drafting"] == pytest.approx(3 * (1.5 - 4.0) / 10.0)
-    assert row["plain_steps"] == 0.0
+    assert row["plain_steps"] == 0.0 and not row["paired"]  # plain of another cell: another run, pooled
 
 
 def test_the_command_reads_a_trace_file(loss_split, tmp_path, capsys):
@@ -52,4 +67,4 @@ def test_the_command_reads_a_trace_file(loss_split, tmp_path, capsys):
                       for a in arms])
     assert loss_split.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "d0 natural adaptive: +5.0% of plain's time; plain steps +5.0%" in out
+    assert "d0 natural adaptive: +5.0% of plain's time; plain steps +5.0%" in out and "(paired by round)" in out
