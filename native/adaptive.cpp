@@ -21,6 +21,12 @@ constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimist
 constexpr double PRIOR_WEIGHT = 2.0;
 constexpr double POSITION_WEIGHT = 2.0;
 constexpr double PROBE_BUDGET = 0.02;      // probes may cost this share of plain decoding
+// and this share once SPARSE_AFTER probes in a row landed nothing and found drafting not even plausible (a standard
+// error's hope): where nothing lands, probing was most of what a stream off lost to plain decoding (H100, natural
+// acceptance: 1.3-1.6% of plain's time beside the attached drafter's 0.2-1%). The first token to land after them brings
+// the next probe at once, so a content that drafts again is not left waiting for the longer intervals
+constexpr double SPARSE_BUDGET = 0.01;
+constexpr int32_t SPARSE_AFTER = 4;
 constexpr int32_t PROBE_K = 1;
 constexpr int32_t GAP_MIN = 4;
 constexpr int32_t GAP_MAX = 4096;
@@ -928,7 +934,7 @@ double controller::plan_probes(const step_view & v, const std::vector<int32_t> &
         s.repeat_k = 0;
         const double cost = probe_seen_[v.bucket] > 0 ? probe_fixed_ms(0.0, v.bucket) : 0.0;
         if (v.n_active == 1 && cold_dear(v.bucket) && cost > 0.0) {
-            s.probe_credit = std::min(s.probe_credit + PROBE_BUDGET * plain_step_ms(1, v.bucket), PROBE_CREDIT_MAX * cost);
+            s.probe_credit = std::min(s.probe_credit + probe_budget(i) * plain_step_ms(1, v.bucket), PROBE_CREDIT_MAX * cost);
             // (a stream just turned off, or at a new prompt's first probes, probes on its schedule: the budget holds
             // back the probes of one that stayed off, whose gap grew past a new prompt's)
             // (a probe that measures a cost still owed is not held back)
@@ -1111,6 +1117,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             if (resumed > 0) {
                 s.gap = resumed;
             } else {
+                s.misses = 0;  // it drafted: its probes start from the full budget
                 s.gap_len = s.steps >= 4 * GAP_MIN ? GAP_MIN : std::max(GAP_MIN, s.gap_len);
                 s.gap = s.gap_len;
             }
@@ -1249,6 +1256,7 @@ void controller::ledger_add(stream_state & s, double realised_ms, double plain_m
         // this stream's speculation lags plain decoding however the model explains it: off, probed from scratch
         counters_.n_guard++;
         s.off = true;
+        s.misses = 0;
         s.gap_len = 2 * GAP_MIN;
         s.gap = s.gap_len;
         std::fill(s.led_real.begin(), s.led_real.end(), 0.0);
@@ -1490,8 +1498,12 @@ bool controller::run_pays_evidence(int32_t stream, int32_t len, int32_t bucket) 
     return excess < 0.5 * probe_fixed_ms(0.0, bucket);
 }
 
+double controller::probe_budget(int32_t stream) const {
+    return s_[stream].misses >= SPARSE_AFTER ? SPARSE_BUDGET : PROBE_BUDGET;
+}
+
 int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
-    // steps between probes for them to cost PROBE_BUDGET of plain decoding, a draft model's catch-up aside
+    // steps between probes for them to cost the probe budget of plain decoding, a draft model's catch-up aside
     if (!target_.has_any()) {
         return GAP_MIN;
     }
@@ -1500,7 +1512,8 @@ int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     k[stream] = PROBE_K;
     const double plain = plain_step_ms(1, bucket);
     const double fixed = probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket);
-    return plain > 0.0 ? (int32_t) std::clamp(fixed / (PROBE_BUDGET * plain), (double) GAP_MIN, (double) GAP_MAX) : GAP_MIN;
+    return plain > 0.0 ? (int32_t) std::clamp(fixed / (probe_budget(stream) * plain), (double) GAP_MIN, (double) GAP_MAX)
+                       : GAP_MIN;
 }
 
 int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
@@ -1515,7 +1528,7 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
         probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms(), bucket);
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
-    const double budget = PROBE_BUDGET * plain;
+    const double budget = probe_budget(stream) * plain;
     // catching up costs per_tok per step waited: affordable when below the budget, else bounded by the limit
     double g = per_tok < budget ? fixed / (budget - per_tok) : INFINITY;
     if (!(g <= limit)) {
@@ -1785,10 +1798,11 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             s.off = false;
             s.steps = 0;
             s.probe_run = 0;
+            s.misses = 0;
             continue;
         }
-        // the gap grows, capped where probing costs PROBE_BUDGET of plain decoding; dear probes start sparse - but a
-        // cost still to measure is measured soon, while a draft model has little to catch up
+        // the gap grows, capped where probing costs the stream's probe budget of plain decoding; dear probes start
+        // sparse - but a cost still to measure is measured soon, while a draft model has little to catch up
         std::vector<int32_t> free(n, 0);
         free[i] = s.src;
         const int32_t cap = probe_gap_cap(i, t.bucket, free);
@@ -1807,7 +1821,8 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         // where probes are dear (a GPU's, spaced widely) and drafting would pay at an acceptance a standard error
         // better than estimated (few drafts, or near break-even), the next probe comes sooner, not later: a run of
         // bad luck at an acceptance that pays is outweighed within a few probes, not generations
-        const bool plausible = cold_dear(t.bucket) && probe_pays(o, t, i, PROBE_HOPE);
+        const bool maybe = probe_pays(o, t, i, PROBE_HOPE);
+        const bool plausible = cold_dear(t.bucket) && maybe;
         s.hopeful = plausible;
         // a drafter reading every batch probes in runs (PROBE_RUN): one starts at a probe after plain steps, not after
         // probes that measured a cost, and goes on while drafting is not hopeless
@@ -1820,10 +1835,17 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             continue;
         }
         s.probe_run = 0;
-        s.gap_len = follow     ? 0
-                    : owed      ? GAP_MIN
-                    : plausible ? std::max(GAP_MIN, s.gap_len / 2)
-                                : std::min(std::max(2 * s.gap_len, cap / 4), cap);
+        // a token landing after probes that found drafting hopeless says the content may have changed: the next probe
+        // comes at once (probed sparsely, a change would otherwise wait for several long intervals to show)
+        const bool landed = o.n_accepted[i] > 0;
+        const bool surprise = landed && s.misses >= SPARSE_AFTER;
+        if (!follow && !owed) {
+            s.misses = maybe || landed ? 0 : s.misses + 1;
+        }
+        s.gap_len = follow                 ? 0
+                    : owed || surprise     ? GAP_MIN
+                    : plausible            ? std::max(GAP_MIN, s.gap_len / 2)
+                                           : std::min(std::max(2 * s.gap_len, cap / 4), cap);
         s.gap = s.gap_len;
     }
 }

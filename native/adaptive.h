@@ -243,6 +243,8 @@ private:
         // shorter schedule must not raise probing above the budget in long generations)
         double probe_credit = 0.0;
         bool hopeful = false;      // the last probe found drafting would pay at an acceptance a standard error better
+        int32_t misses = 0;        // probes in a row, since it last drafted, that landed nothing and found drafting
+                                   // not even plausible
         int32_t probe_run = 0;     // probes in a row of a dear probe's run (its batch warm after the first)
         int32_t steps = 0;
         int32_t k_on = 0;          // the length it drafted at when it last drafted by choice (not a probe)
@@ -309,8 +311,10 @@ private:
     double whole_fix(int32_t stream, int32_t k, int32_t bucket) const;
     void ledger_add(stream_state & s, double realised_ms, double plain_ms, int32_t tokens);
     int32_t probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
-    // the probe interval at which probes cost PROBE_BUDGET of plain decoding (a GPU's cold batches included)
+    // the probe interval at which probes cost the stream's probe budget of plain decoding (a GPU's cold batches included)
     int32_t probe_gap_budget(int32_t stream, int32_t bucket) const;
+    // the share of plain decoding a stream's probes may cost: PROBE_BUDGET, SPARSE_BUDGET after SPARSE_AFTER misses
+    double probe_budget(int32_t stream) const;
     // a probe of this length may go on in a run (PROBE_RUN): its warm steps cost far less than its first did
     bool run_pays_evidence(int32_t stream, int32_t len, int32_t bucket) const;
     // the drafter call table's size for a step of n_drafting streams drafting k_sum tokens, the longest draft k_top:

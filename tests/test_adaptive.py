@@ -299,6 +299,23 @@ def test_recovers_within_bounded_steps_after_acceptance_jumps():
     assert (sim.plain_ms - plain0) / (sim.time_ms - t0) >= 1.2
 
 
+def test_probes_grow_sparse_where_nothing_lands_and_a_landing_token_brings_the_next_at_once():
+    # where probe after probe finds drafting hopeless, probing was most of what the stream lost to plain decoding (a
+    # GPU's probe costs its cold batches and a catch-up): after a few such misses its budget halves
+    sim = Sim(GPU).run(500, 0.0)
+    t0, plain0, n0 = sim.time_ms, sim.plain_ms, len(sim.ks)
+    sim.run(2000, 0.0)
+    probes = [i for i, k in enumerate(window(sim, n0)) if k > 0]
+    assert (sim.time_ms - t0) / (sim.plain_ms - plain0) <= 1.02  # 1.018; at the full budget 1.025
+    assert 4 <= len(probes) <= 20, probes  # sparse, not stopped: a change of content is still found (40 at full)
+    # the first token to land after them brings the next probe at once: a change shows within a few steps
+    before = len(sim.ks)
+    sim.run(600, 1.0)
+    ks = window(sim, before)
+    first = next(i for i, k in enumerate(ks) if k > 0)
+    assert next(i for i, k in enumerate(ks) if k > 0 and i > first) <= first + 8, ks[:first + 40]
+
+
 @pytest.mark.parametrize("kind", [MODEL, BLOCK])
 def test_a_new_shapes_one_time_cost_does_not_turn_speculation_off(kind):
     # on a GPU the first batch of a new size captures a graph: tens of ms once, then a fraction of a step

@@ -249,6 +249,13 @@ LONG_CASES = {
     "h100-35b-a3b-dflash-d0-ringq3.json.gz": (15, (3,), {0.0: 0.94, 0.8: 0.98}),
     "h100-27b-dflash2-d0-ringq2.json.gz": (7, (3, 7), {0.6: 0.96, 0.8: 1.0, 0.9: 0.96}),
     "h100-27b-dflash2-d0-ringq3.json.gz": (7, (), {0.0: 0.95}),
+    # probes at half the budget after four in a row found drafting hopeless, on an H100: the 27B and the 35B-A3B at
+    # natural acceptance (0.990 of plain each), the 27B at 0.8 and 0.9 (n3, n7), the 35B-A3B at 0.6 and 0.8 (n3).
+    # Bounds: the same rule
+    "h100-27b-dflash2-d0-sparseC.json.gz": (7, (), {0.0: 0.97}),
+    "h100-35b-a3b-dflash-d0-sparseC.json.gz": (15, (), {0.0: 0.96}),
+    "h100-27b-dflash2-d0-sparseD.json.gz": (7, (3, 7), {0.8: 0.99, 0.9: 0.96}),
+    "h100-35b-a3b-dflash-d0-sparseD.json.gz": (15, (3,), {0.6: 1.03, 0.8: 0.98}),
 }
 
 
@@ -589,7 +596,14 @@ def test_the_replay_command_takes_a_seed_and_refuses_what_it_cannot_use(capsys, 
         with pytest.raises(SystemExit) as e:
             replay.main([str(TRACES / name)] + bad)
         assert e.value.code == 2 and says in capsys.readouterr().err, bad
-    for path, says in ((tmp_path / "none.json", "cannot read a trace"), (not_a_trace, "not a trace of")):
+    # a trace of arms that never drafted (plain, zero7: a session that never drafts) has no cost of drafting: refused,
+    # not replayed as if drafting were free
+    never = TRACES / "h100-27b-dflash2-d0-ring.json.gz"
+    assert not any(s["drafted"] for a in trace.load(never) for r in a["rounds"] for s in r)
+    for path, says in ((tmp_path / "none.json", "cannot read a trace"), (not_a_trace, "not a trace of"),
+                       (never, "holds no step that drafted")):
         with pytest.raises(SystemExit):
             replay.main([str(path)])
         assert says in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="no step that drafted"):
+        replay.CostModel.from_arms(trace.load(never), depth=0)
