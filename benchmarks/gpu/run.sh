@@ -95,6 +95,9 @@ grid() {  # name model drafter arms depth levels [extra step_cost.py flags...]
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'H100|H200|A100|L40S' | tr 'A-Z' 'a-z')
     name=${card:-gpu}-${name#h200-}
     mkdir -p "$OUT/res"
+    # a run of the same name in this call (another level under the same TAG) keeps its record: this one gets a suffix
+    local base=$name i=2
+    while [ -e "$OUT/res/$name.json" ]; do name=$base-$i; i=$((i + 1)); done
     python3 -P benchmarks/step_cost.py -m "$m" -md "$d" --arms "$arms" --depth "$depth" --synth "$levels" \
         --rounds "${R:-8}" --n-predict "${N:-64}" --json "$OUT/res/$name.json" --trace "$OUT/res/$name-trace.json.gz" \
         ${FRESH:+--fresh} "$@"
