@@ -47,10 +47,10 @@ def split(arms: list[dict]) -> list[dict]:
             continue
         p_step = statistics.median(plain_steps)
         p_round = statistics.median(sum(s["t_step"] for s in r) for r in plain["rounds"])
+        own = [_plain_of(r) for r in plain["rounds"]] if "plain" in by_arm else []  # this cell's plain, by round
         for name, a in by_arm.items():
             if not name.startswith("adaptive"):
                 continue
-            own = [_plain_of(r) for r in plain["rounds"]] if "plain" in by_arm else []
             paired = len(own) == len(a["rounds"]) and all(own)
             per = {"plain_steps": [], "drafting": [], "total": []}
             k0_steps = []  # the arm's steps that drafted nothing, a generation's first aside

@@ -16,7 +16,6 @@ namespace pls {
 
 namespace {
 
-
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
     st.n_steps++;
