@@ -1,9 +1,9 @@
 """What the draft-length controller believed at every step of real answers, beside what the steps cost.
 
 One adaptive session (a draft model, ceiling --n-max) answers a content class's prompts one after another; after every
-verify step the controller's view is read (SessionConfig's adaptive info: its price of a target batch by size, of a
-plain step, of a drafted token, its acceptance hazards and the length it chose), and the session's trace says what
-each step cost. Each answer prints a line: decode tok/s, the draft lengths' histogram, and - where it drafted - the
+piece the stream yields (one a verify step, but where a step's bytes end inside a character) the controller's view is
+read (the session's adaptive info: its price of a target batch by size, of a plain step, of a drafted token, its
+acceptance hazards and the length it chose), and the session's trace says what each step cost. Each answer prints a line: decode tok/s, the draft lengths' histogram, and - where it drafted - the
 plain step's price it weighed drafting against beside what its plain steps cost in the answers so far (median), and
 what a step of its commonest length cost per committed token. A plain price above what plain steps cost makes drafting
 look better than it is.
