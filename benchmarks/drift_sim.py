@@ -64,11 +64,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--n-max", type=int, default=8)
     args = ap.parse_args(argv)
+    try:
+        levels = [float(x) for x in args.levels.split(",")]
+        drifts = [float(x) for x in args.drift.split(",")]
+    except ValueError as e:
+        ap.error(f"--levels and --drift take comma-separated numbers ({e})")
+    if not all(0.0 <= p <= 1.0 for p in levels) or not all(0.0 <= d < 1.0 for d in drifts):
+        ap.error("--levels must lie in 0..1 and --drift in 0..1 (exclusive)")
+    if args.seeds < 1 or args.n_max < 1:
+        ap.error("--seeds and --n-max must be at least 1")
     m = MACHINES[args.machine]
-    for p in (float(x) for x in args.levels.split(",")):
+    for p in levels:
         best = max((run(m, p, k, 0.0, 1, False, adaptive=False), k) for k in range(1, args.n_max + 1))
         cells = []
-        for d in (float(x) for x in args.drift.split(",")):
+        for d in drifts:
             for within in (False, True):
                 v = [run(m, p, args.n_max, d, s, within) for s in range(1, args.seeds + 1)]
                 cells.append(f"{d:g}{'w' if within else ''} {sum(v) / len(v):.3f} (least {min(v):.3f})")
