@@ -256,9 +256,9 @@ LONG_CASES = {
     "h100-35b-a3b-dflash-d0-sparseC.json.gz": (15, (), {0.0: 0.96}),
     "h100-27b-dflash2-d0-sparseD.json.gz": (7, (3, 7), {0.8: 0.99, 0.9: 0.96}),
     "h100-35b-a3b-dflash-d0-sparseD.json.gz": (15, (3,), {0.6: 1.03, 0.8: 0.98}),
-    # the grid on an H200 with the same version (128 tokens, 8 rounds): the 27B at 0 (natural to 0.9; n3, n5, n7) and
-    # at 4 096 (0.8; n3, n5, n7), the 35B-A3B (natural to 0.9; n3, n7), the 7B pair at 0 (natural to 0.9; n2, n4) and
-    # at 16 384 (natural, 0.8; n2). Bounds: the same rule
+    # the grid on an H200 with the same version (128 tokens, 8 rounds): the 27B at 0 (natural, 0.3, 0.6; n3, n5, n7)
+    # and at 4 096 (0.8; n3, n5, n7), the 35B-A3B (natural to 0.9; n3, n7), the 7B pair at 0 (natural to 0.9; n2,
+    # n4) and at 16 384 (natural, 0.8; n2). Bounds: the same rule
     "h200-27b-dflash2-d0-h2.json.gz": (7, (3, 5, 7), {0.0: 0.97, 0.3: 0.95, 0.6: 0.97, 0.8: 0.94, 0.9: 0.97}),
     "h200-27b-dflash2-d4096-h2b.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.96, 0.8: 0.94, 0.9: 0.97}),
     "h200-35b-a3b-dflash-d0-h2.json.gz": (15, (3, 7), {0.0: 0.97, 0.3: 0.95, 0.6: 1.02, 0.8: 0.97, 0.9: 0.95}),
