@@ -3,9 +3,10 @@
 One adaptive session (a draft model, ceiling --n-max) answers a content class's prompts one after another; after every
 piece the stream yields (one a verify step, but where a step's bytes end inside a character) the controller's view is
 read (the session's adaptive info: its price of a target batch by size, of a plain step, of a drafted token, its
-acceptance hazards and the length it chose), and the session's trace says what each step cost. Each answer prints a line: decode tok/s, the draft lengths' histogram, and - where it drafted - the
-plain step's price it weighed drafting against beside what its plain steps cost in the answers so far (median), and
-what a step of its commonest length cost per committed token. A plain price above what plain steps cost makes drafting
+acceptance hazards and the length it chose) beside the steps the session's trace recorded since the piece before (the
+view belongs to the last of them: a step whose bytes were held has none). Each answer prints a line: decode tok/s,
+the draft lengths' histogram, and - where it drafted - the plain step's price it weighed drafting against beside what
+its plain steps cost in the answers so far (median), and what a step of its commonest length cost per committed token. A plain price above what plain steps cost makes drafting
 look better than it is.
 
     python benchmarks/controller_view.py -m target.gguf -md drafter.gguf --class code --rounds 10 --json view.json
@@ -21,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from pyllamaspec import Model, SessionConfig, SpecSession
+from pyllamaspec.atomicfile import atomic_output
+from pyllamaspec.errors import PyllamaspecError
 from pyllamaspec.bench.workloads import CONTENT_CLASSES, load_prompt_set
 
 
@@ -45,7 +48,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.n_predict < 1:
         ap.error("--rounds and --n-predict must be at least 1")
+    if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
+        ap.error(f"--json {args.json}: its directory does not exist")
+    try:
+        return run(args)
+    except PyllamaspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
+
+def run(args) -> int:
     target, drafter = Model(args.model), Model(args.model_draft)
     threads = {"n_threads": args.threads, "n_threads_batch": args.threads} if args.threads else {}
     session = SpecSession(target, drafter, SessionConfig(spec_types=["draft-simple"], n_max=args.n_max, n_ctx=4096,
@@ -56,12 +68,17 @@ def main(argv=None) -> int:
         prompt = prompts[r % len(prompts)]
         tokens = target.apply_chat_template([{"role": "user", "content": prompt.text}])
         session.reset_stats()
-        views = [view(session.adaptive_info()) for _ in session.stream(tokens, n_predict=args.n_predict)]
-        steps = session.take_trace()
+        steps, views = [], []
+        for _ in session.stream(tokens, n_predict=args.n_predict):
+            got = session.take_trace()
+            steps += got
+            views += [None] * (len(got) - 1) + [view(session.adaptive_info())] if got else []
+        rest = session.take_trace()
+        steps, views = steps + rest, views + [None] * len(rest)
         stats = session.stats()
         plain_costs += [s["t_step"] for s in steps if s["k"][0] == 0 and s["n_prompt"] == 0]
         line = f"{r} {prompt.id}: {stats.tokens_per_second:.1f} tok/s, k {stats.k_histogram}"
-        drafting = [(s, v) for s, v in zip(steps, views) if s["k"][0] > 0]
+        drafting = [(s, v) for s, v in zip(steps, views) if s["k"][0] > 0 and v is not None]
         if drafting and plain_costs:
             k_top = Counter(s["k"][0] for s, _ in drafting).most_common(1)[0][0]
             at_k = [s for s, _ in drafting if s["k"][0] == k_top]
@@ -73,8 +90,9 @@ def main(argv=None) -> int:
         answers.append({"prompt": prompt.id, "stats": stats.to_dict(), "steps": steps, "views": views})
     session.close()
     if args.json:
-        args.json.write_text(json.dumps({"model": str(args.model), "drafter": str(args.model_draft),
-                                         "class": args.content_class, "n_max": args.n_max, "answers": answers}))
+        with atomic_output(args.json, force=True) as tmp:
+            tmp.write_text(json.dumps({"model": str(args.model), "drafter": str(args.model_draft),
+                                       "class": args.content_class, "n_max": args.n_max, "answers": answers}))
     return 0
 
 
