@@ -1152,6 +1152,18 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         }
         s.explore_left = 0;
         if (best[i] < top && (rng_() % one_in) == 0) {
+            // (a lone stream beside a drafter of its own length does not try a position whose costs were measured in
+            // runs and could not pay were it to land every time: its rate by the parts is at most its hazard's inverse
+            // higher. The 35B-A3B at p 0.9 on an H200's costs tried 8 past the cost cliff at 9 rows - 14 ms against 8
+            // for 8 rows, and its first runs in the window - twice an answer: 0.98 of n7 replayed, 1.00 without those
+            // tries. A length not measured so is tried: its price is a guess (skipped too, the 35B-A3B's H100 trace
+            // at p 0.8 replayed 0.95 of n7, against 0.97 or more). A draft model's tries reach two positions on: below)
+            const int32_t kk = best[i] + 1;
+            if (v.n_active == 1 && p_.kind != DRAFTER_MODEL && kk < (int32_t) lone_rate.size() && lone_rate[kk] > 0.0 &&
+                lone_rate[kk] < std::max(hazard(s, best[i]), 0.05) * lone_rate[best[i]] &&
+                target_.steady_cost(1 + kk, v.bucket) >= 0.0 && draft_call_.steady_cost(call_size(1, kk, kk), 0) >= 0.0) {
+                continue;
+            }
             const bool try_dear = cold_dear(v.bucket) || (p_.kind != DRAFTER_MODEL && first_runs_dear(v.bucket));
             if (v.n_active > 1 || !try_dear) {
                 best[i]++;
@@ -1167,7 +1179,6 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
                 // drafted 2 at p 0.6 through whole answers on an H100 and an H200, its single tries of 3 costing 16-24
                 // ms a verify and 4.5-6.6 a call against 13.6-14.5 and 3.8-4.3 in runs, where 3 was 3-4% faster a
                 // token. Once measured, a try is one step: it learns how often the next position lands
-                const int32_t kk = best[i] + 1;
                 const int32_t call = call_size(1, kk, kk);
                 const bool close = kk < (int32_t) lone_rate.size() && lone_rate[kk] >= EXPLORE_CLOSE * lone_rate[best[i]];
                 if (close && (target_.steady_cost(1 + kk, v.bucket) < 0.0 || draft_call_.steady_cost(call, 0) < 0.0)) {
@@ -1185,9 +1196,9 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             // position lands
             int32_t close[2], n_close = 0;
             for (int32_t j = 1; j <= 2; ++j) {
-                const int32_t kk = best[i] + j;
-                if (kk <= top && kk < (int32_t) lone_rate.size() && lone_rate[kk] >= EXPLORE_CLOSE * lone_rate[best[i]]) {
-                    close[n_close++] = kk;
+                const int32_t kj = best[i] + j;
+                if (kj <= top && kj < (int32_t) lone_rate.size() && lone_rate[kj] >= EXPLORE_CLOSE * lone_rate[best[i]]) {
+                    close[n_close++] = kj;
                 }
             }
             if (n_close == 0) {

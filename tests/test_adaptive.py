@@ -638,6 +638,19 @@ def test_a_size_under_a_cost_cliff_is_tried_not_priced_on_the_line_over_it():
     assert long_steps < 0.02 * 8 * 7 * 256 / 6, long_steps  # drafts past the cliff: tries, not a length held
 
 
+def test_a_length_past_a_cost_cliff_measured_in_runs_is_not_tried_again():
+    # once the batch past the cliff (9 tokens) was measured in runs, a try of 8 cannot pay even were its last position
+    # to land every time: the 35B-A3B at p 0.9 on an H200's costs tried it twice an answer anyway, each try paying the
+    # cliff and the size's first runs in its KV window (0.98 of n7 replayed; 1.00 without). Here the last version tried
+    # 8 on 6-12 of the ~370 steps of the later half of each seed's 16 answers
+    for seed in range(1, 9):
+        sim = Sim(MOE_H100, kind=BLOCK, seed=seed, window_first_ms=(20.0, 10.0), kv_window=1024, n_max=15)
+        generations(sim, 16, 256, 0.9)
+        ks = [k[0] for k in sim.ks]
+        assert max(ks[: len(ks) // 2]) >= 8, seed  # (measured past the cliff while learning)
+        assert not [k for k in ks[len(ks) // 2:] if k >= 8], seed
+
+
 # the 27B + DFlash2 at 4 096 on an H100, in round numbers: verifies of 1-4 rows 10.9 ms and 1.5-1.6 a row, a batch of
 # 5 far dearer (so that 2 is the length next best to 3), the drafter's call 4.1-4.5 ms
 DFLASH2_H100 = CliffMachine(base=10.9, per_token=1.5, draft_call=4.1, overhead=0.05, cliff_at=5, cliff_ms=18.5,

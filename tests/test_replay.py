@@ -264,6 +264,13 @@ LONG_CASES = {
     "h200-35b-a3b-dflash-d0-h2.json.gz": (15, (3, 7), {0.0: 0.97, 0.3: 0.95, 0.6: 1.02, 0.8: 0.97, 0.9: 0.95}),
     "h200-7b-draft-d0-h2.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.96, 0.6: 0.97, 0.8: 0.95, 0.9: 0.96}),
     "h200-7b-draft-d16384-h2.json.gz": (8, (2,), {0.0: 0.96, 0.3: 0.98, 0.6: 0.97, 0.8: 0.96, 0.9: 0.96}),
+    # the version that no longer tries a length past a cost cliff measured in runs, on an H100 (128 tokens, 8 rounds):
+    # the 35B-A3B (0.6-0.9; n3, n7), the 27B at 4 096 (0.6-0.9; n3, n5, n7) and at 16 384 (natural; 0.8 with n5).
+    # Bounds: the same rule
+    "h100-35b-a3b-dflash-d0-h3.json.gz": (15, (3, 7), {0.6: 1.01, 0.8: 0.97, 0.9: 0.97}),
+    "h100-27b-dflash2-d4096-h3.json.gz": (7, (3, 5, 7), {0.6: 0.96, 0.8: 0.94, 0.9: 0.96}),
+    "h100-27b-dflash2-d16384-h3.json.gz": (7, (), {0.0: 0.96}),
+    "h100-27b-dflash2-d16384-h3b.json.gz": (7, (5,), {0.8: 0.96}),
 }
 
 
