@@ -640,9 +640,9 @@ def test_a_size_under_a_cost_cliff_is_tried_not_priced_on_the_line_over_it():
 
 def test_a_length_past_a_cost_cliff_measured_in_runs_is_not_tried_again():
     # once the batch past the cliff (9 tokens) was measured in runs, a try of 8 cannot pay even were its last position
-    # to land every time: the 35B-A3B at p 0.9 on an H200's costs tried it twice an answer anyway, each try paying the
-    # cliff and the size's first runs in its KV window (0.98 of n7 replayed; 1.00 without). Here the last version tried
-    # 8 on 6-12 of the ~370 steps of the later half of each seed's 16 answers
+    # to land every time: the 35B-A3B at p 0.9 on an H200's costs tried it in one answer of five anyway, each try paying
+    # the cliff and the size's first runs in its KV window (0.98 of n7 replayed; 1.00 without). Here the last version
+    # tried 8 on 6-12 of the ~370 steps of the later half of each seed's 16 answers
     for seed in range(1, 9):
         sim = Sim(MOE_H100, kind=BLOCK, seed=seed, window_first_ms=(20.0, 10.0), kv_window=1024, n_max=15)
         generations(sim, 16, 256, 0.9)
