@@ -6,8 +6,8 @@ read (the session's adaptive info: its price of a target batch by size, of a pla
 acceptance hazards and the length it chose) beside the steps the session's trace recorded since the piece before (the
 view belongs to the last of them: a step whose bytes were held has none). Each answer prints a line: decode tok/s,
 the draft lengths' histogram, and - where it drafted - the plain step's price it weighed drafting against beside what
-its plain steps cost in the answers so far (median), and what a step of its commonest length cost per committed token. A plain price above what plain steps cost makes drafting
-look better than it is.
+its plain steps cost in the answers so far (median), and what a step of its commonest length cost per committed token.
+A plain price above what plain steps cost makes drafting look better than it is.
 
     python benchmarks/controller_view.py -m target.gguf -md drafter.gguf --class code --rounds 10 --json view.json
 """
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.n_predict < 1:
         ap.error("--rounds and --n-predict must be at least 1")
-    if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
+    if args.json is not None and not args.json.parent.is_dir():  # (before the run, not after it)
         ap.error(f"--json {args.json}: its directory does not exist")
     try:
         return run(args)
@@ -71,8 +71,9 @@ def run(args) -> int:
         steps, views = [], []
         for _ in session.stream(tokens, n_predict=args.n_predict):
             got = session.take_trace()
-            steps += got
-            views += [None] * (len(got) - 1) + [view(session.adaptive_info())] if got else []
+            if got:
+                steps += got
+                views += [None] * (len(got) - 1) + [view(session.adaptive_info())]
         rest = session.take_trace()
         steps, views = steps + rest, views + [None] * len(rest)
         stats = session.stats()

@@ -1161,7 +1161,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             // model's tries reach two positions on: below)
             const int32_t kk = best[i] + 1;
             if (v.n_active == 1 && p_.kind != DRAFTER_MODEL && kk < (int32_t) lone_rate.size() && lone_rate[kk] > 0.0 &&
-                lone_rate[kk] < std::max(hazard(s, best[i]), 0.05) * lone_rate[best[i]] &&
+                lone_rate[kk] < hazard(s, best[i]) * lone_rate[best[i]] &&
                 target_.steady_cost(1 + kk, v.bucket) >= 0.0 && draft_call_.steady_cost(call_size(1, kk, kk), 0) >= 0.0) {
                 continue;
             }
