@@ -21,10 +21,11 @@ constexpr double PRIOR_HAZARD = 0.8;       // before anything is known: optimist
 constexpr double PRIOR_WEIGHT = 2.0;
 constexpr double POSITION_WEIGHT = 2.0;
 constexpr double PROBE_BUDGET = 0.02;      // probes may cost this share of plain decoding
-// and this share once SPARSE_AFTER probes in a row landed nothing and found drafting not even plausible (a standard
-// error's hope): where nothing lands, probing was most of what a stream off lost to plain decoding (H100, natural
-// acceptance: 1.3-1.6% of plain's time beside the attached drafter's 0.2-1%). The first token to land after them brings
-// the next probe at once, so a content that drafts again is not left waiting for the longer intervals
+// and this share once SPARSE_AFTER probes in a row found drafting not even plausible (a standard error's hope), landed
+// tokens or not: where drafting does not pay, probing was most of what a stream off lost to plain decoding (H100,
+// natural acceptance: 1.3-1.6% of plain's time beside the attached drafter's 0.2-1%; at p 0.3, where a probe's run
+// lands a token most times, 3.0% - the probes' first steps and their runs - on the 27B + DFlash2). A token that lands
+// after them brings the next probe at once, so a content that drafts again is not left waiting for the longer intervals
 constexpr double SPARSE_BUDGET = 0.01;
 constexpr int32_t SPARSE_AFTER = 4;
 constexpr int32_t PROBE_K = 1;
@@ -1523,7 +1524,8 @@ int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     act[stream] = 1;
     k[stream] = PROBE_K;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed = probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket);
+    const double fixed = probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket) +
+                         probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
     return plain > 0.0 ? (int32_t) std::clamp(fixed / (probe_budget(stream) * plain), (double) GAP_MIN, (double) GAP_MAX)
                        : GAP_MIN;
 }
@@ -1537,7 +1539,8 @@ int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vec
     const double plain = plain_step_ms(1, bucket);
     // a probe's batch runs cold (its size did not run in the steps before), and so does the plain step after it
     const double fixed =
-        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms(), bucket);
+        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms(), bucket) +
+        probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = probe_budget(stream) * plain;
@@ -1797,11 +1800,13 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
                 e = probe_seen_[t.bucket]++ == 0 ? x : e + PROBE_EXCESS_RATE * (x - e);
             }
             s.probe_credit = std::max(s.probe_credit - x - cold_ms(), -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
+            s.run_ms = 0.0;
         } else if (t.n_active == 1 && t.timed && s.probe_run > 0 && o.t_step_ms > 0.0) {
             // a further step of a probe's run: what it cost beyond plain decoding of the tokens it committed
             const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
             const double x = std::max(0.0, o.t_step_ms - got * plain_step_ms(1, t.bucket));
             s.probe_credit = std::max(s.probe_credit - x, -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
+            s.run_ms += o.t_step_ms - got * plain_step_ms(1, t.bucket);
         }
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
@@ -1846,13 +1851,21 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             s.gap = 0;
             continue;
         }
+        if (!follow && !owed) {
+            // the run ends: what its further steps cost is the probe's too (a probe without one counts nothing)
+            double & r = probe_run_ms_[t.bucket];
+            r += PROBE_EXCESS_RATE * (std::max(0.0, s.run_ms) - r);
+        }
+        s.run_ms = 0.0;
         s.probe_run = 0;
         // a token landing after probes that found drafting hopeless says the content may have changed: the next probe
-        // comes at once (probed sparsely, a change would otherwise wait for several long intervals to show)
+        // comes at once (probed sparsely, a change would otherwise wait for several long intervals to show). A landing
+        // alone does not end the sparse budget: at a steady acceptance below break-even most probes land a token
+        // (their runs did at p 0.3), and only drafting found plausible does
         const bool landed = o.n_accepted[i] > 0;
         const bool surprise = landed && s.misses >= SPARSE_AFTER;
         if (!follow && !owed) {
-            s.misses = maybe || landed ? 0 : s.misses + 1;
+            s.misses = maybe ? 0 : s.misses + 1;
         }
         s.gap_len = follow                 ? 0
                     : owed || surprise     ? GAP_MIN
