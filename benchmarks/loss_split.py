@@ -2,7 +2,9 @@
 (depth, acceptance), the adaptive arm's decode time beyond the plain arm's, split into its plain steps (k = 0: what a
 session with a drafter attached pays on a step that drafts nothing, against the plain arm's median step) and its
 drafting steps (their time beyond what plain decoding of the tokens they committed costs: negative where drafting
-paid). Shares of the plain arm's time, medians over the rounds (a generation's first step, which runs after its
+paid), and those into the first drafting step after plain ones (a probe's, mostly: on a GPU its batch's first runs
+and a feature-reading drafter's catch-up of the steps it skipped), the next RUN - 1 steps in a row (a probe's run, or
+drafting just turned on) and the steps beyond them (drafting held). Shares of the plain arm's time, medians over the rounds (a generation's first step, which runs after its
 prompt, is in the total alone), each round against the plain arm's round of the same index - the arms ran interleaved,
 so a machine that moves between rounds moves both alike. A cell without a plain arm takes the plain arm of another cell
 at the same depth, pooled over its rounds (another run: nothing to pair with).
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 from pyllamaspec.bench import trace
+
+RUN = 6  # a probe's steps in a row at most (the controller's PROBE_RUN)
 
 
 def _plain_of(rnd: list) -> tuple[float, float] | None:
@@ -52,7 +56,7 @@ def split(arms: list[dict]) -> list[dict]:
             if not name.startswith("adaptive"):
                 continue
             paired = len(own) == len(a["rounds"]) and all(own)
-            per = {"plain_steps": [], "drafting": [], "total": []}
+            per = {"plain_steps": [], "drafting": [], "first": [], "run": [], "held": [], "total": []}
             k0_steps = []  # the arm's steps that drafted nothing, a generation's first aside
             k0_less = []  # per round: its median such step less the plain round's median step
             for i, r in enumerate(a["rounds"]):
@@ -61,10 +65,19 @@ def split(arms: list[dict]) -> list[dict]:
                 k0_steps += k0
                 if k0:
                     k0_less.append(statistics.median(k0) - step_ms)
-                drafting = sum(s["t_step"] - (1 + min(s["accepted"], s["drafted"])) * step_ms
-                               for s in r if s["k"] > 0 or s["drafted"])
+                parts = {"first": 0.0, "run": 0.0, "held": 0.0}
+                in_row = 0  # drafting steps in a row, this one counted
+                for s in r:
+                    if not (s["k"] > 0 or s["drafted"]):
+                        in_row = 0
+                        continue
+                    in_row += 1
+                    part = "first" if in_row == 1 else "run" if in_row <= RUN else "held"
+                    parts[part] += s["t_step"] - (1 + min(s["accepted"], s["drafted"])) * step_ms
                 per["plain_steps"].append((sum(k0) - len(k0) * step_ms) / round_ms)
-                per["drafting"].append(drafting / round_ms)
+                per["drafting"].append(sum(parts.values()) / round_ms)
+                for part, ms in parts.items():
+                    per[part].append(ms / round_ms)
                 per["total"].append(sum(s["t_step"] for s in r) / round_ms - 1.0)
             rows.append({
                 "depth": depth, "level": level, "arm": name, "plain_step_ms": p_step, "paired": paired,
@@ -89,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             how = "paired by round" if r["paired"] else "against plain pooled over its rounds"
             print(f"d{r['depth']} {level} {r['arm']}: {r['total']:+.1%} of plain's time; plain steps "
                   f"{r['plain_steps']:+.1%} (a step {k0} ms against {r['plain_step_ms']:.3f}{beyond}), drafting "
-                  f"{r['drafting']:+.1%} ({how})")
+                  f"{r['drafting']:+.1%} ({how}): first steps {r['first']:+.1%}, the next {RUN - 1} "
+                  f"{r['run']:+.1%}, beyond {r['held']:+.1%}")
     return 0
 
 

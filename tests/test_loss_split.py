@@ -33,6 +33,19 @@ def test_the_excess_splits_into_plain_steps_and_drafting(loss_split):
     assert row["total"] == pytest.approx(0.13)
 
 
+def test_drafting_splits_into_first_steps_their_runs_and_drafting_held(loss_split):
+    plain = arm("plain", None, [[step(1.0)] * 20])
+    probe = step(3.0, k=1, drafted=1)          # 2.0 beyond plain decoding of its one token
+    warm = step(1.5, k=1, drafted=1, accepted=1)  # 0.5 less than plain decoding of its two
+    # a probe and its run of 6 steps in all, then plain steps, then a stretch of 8 drafting steps
+    rnd = [step(1.0)] + [probe] + [warm] * 5 + [step(1.0)] * 3 + [probe] + [warm] * 7
+    [row] = loss_split.split([plain, arm("adaptive", None, [rnd])])
+    assert row["first"] == pytest.approx(2 * 2.0 / 20)
+    assert row["run"] == pytest.approx(-10 * 0.5 / 20)  # the 2nd to 6th of each row
+    assert row["held"] == pytest.approx(-2 * 0.5 / 20)  # the 7th and 8th of the second
+    assert row["drafting"] == pytest.approx(row["first"] + row["run"] + row["held"])
+
+
 def test_each_round_is_set_against_plain_decodings_round_beside_it(loss_split):
     # the machine moved between rounds: plain's steps 1.0 ms in one, 2.0 in the other; the adaptive arm's plain steps
     # 10% dearer than plain's in each. Pooled (plain 1.5 ms) one round would seem 27% cheaper, the other 47% dearer
