@@ -271,6 +271,15 @@ LONG_CASES = {
     "h100-27b-dflash2-d4096-h3.json.gz": (7, (3, 5, 7), {0.6: 0.96, 0.8: 0.94, 0.9: 0.96}),
     "h100-27b-dflash2-d16384-h3.json.gz": (7, (), {0.0: 0.96}),
     "h100-27b-dflash2-d16384-h3b.json.gz": (7, (5,), {0.8: 0.96}),
+    # the version whose probes' runs count in their cost, on an H200 (128 tokens, 8 rounds): the 27B at 0 (natural, 0.3
+    # with plain; 0.6-0.9 with n3, n5, n7) and at 4 096 (natural, 0.3), the 35B-A3B (natural, 0.3; 0.6-0.9 with plain,
+    # n3, n7), the 7B pair (natural to 0.9; n2, n4). Bounds: the same rule
+    "h200-27b-dflash2-d0-h4.json.gz": (7, (), {0.0: 0.96, 0.3: 0.96}),
+    "h200-27b-dflash2-d0-h4b.json.gz": (7, (3, 5, 7), {0.6: 0.96, 0.8: 0.96, 0.9: 0.95}),
+    "h200-27b-dflash2-d4096-h4.json.gz": (7, (), {0.0: 0.96, 0.3: 0.94}),
+    "h200-35b-a3b-dflash-d0-h4.json.gz": (15, (), {0.0: 0.96, 0.3: 0.96}),
+    "h200-35b-a3b-dflash-d0-h4b.json.gz": (15, (3, 7), {0.6: 1.02, 0.8: 0.96, 0.9: 0.95}),
+    "h200-7b-draft-d0-h4.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.96, 0.6: 0.96, 0.8: 0.94, 0.9: 0.95}),
 }
 
 
