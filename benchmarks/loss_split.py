@@ -4,10 +4,11 @@ session with a drafter attached pays on a step that drafts nothing, against the 
 drafting steps (their time beyond what plain decoding of the tokens they committed costs: negative where drafting
 paid), and those into the first drafting step after plain ones (a probe's, mostly: on a GPU its batch's first runs
 and a feature-reading drafter's catch-up of the steps it skipped), the next RUN - 1 steps in a row (a probe's run, or
-drafting just turned on) and the steps beyond them (drafting held). Shares of the plain arm's time, medians over the rounds (a generation's first step, which runs after its
-prompt, is in the total alone), each round against the plain arm's round of the same index - the arms ran interleaved,
-so a machine that moves between rounds moves both alike. A cell without a plain arm takes the plain arm of another cell
-at the same depth, pooled over its rounds (another run: nothing to pair with).
+drafting just turned on) and the steps beyond them (drafting held). Shares of the plain arm's time, medians over the
+rounds (a generation's first step, which runs after its prompt, is in the total alone), each round against the plain
+arm's round of the same index - the arms ran interleaved, so a machine that moves between rounds moves both alike. A
+cell without a plain arm takes the plain arm of another cell at the same depth, pooled over its rounds (another run:
+nothing to pair with).
 
     python benchmarks/loss_split.py benchmarks/traces/h100-35b-a3b-dflash-d0-q1.json.gz [more ...]
 """

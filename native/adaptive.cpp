@@ -1524,8 +1524,9 @@ int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     act[stream] = 1;
     k[stream] = PROBE_K;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed = probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket) +
-                         probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
+    const double fixed =
+        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket) +
+        probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
     return plain > 0.0 ? (int32_t) std::clamp(fixed / (probe_budget(stream) * plain), (double) GAP_MIN, (double) GAP_MAX)
                        : GAP_MIN;
 }
@@ -1815,6 +1816,7 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
             s.off = false;
             s.steps = 0;
             s.probe_run = 0;
+            s.run_ms = 0.0;  // (a run that turned drafting on cost drafting's time, not probing's)
             s.misses = 0;
             continue;
         }
