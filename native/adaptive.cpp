@@ -1515,33 +1515,33 @@ double controller::probe_budget(int32_t stream) const {
     return s_[stream].misses >= SPARSE_AFTER ? SPARSE_BUDGET : PROBE_BUDGET;
 }
 
+double controller::probe_whole_ms(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
+    // a lone probe's step beyond a plain one - its batch runs cold (its size did not run in the steps before), and so
+    // does the plain step after it - as predicted or as probes measured it, plus the further steps of its run
+    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
+    act[stream] = 1;
+    k[stream] = PROBE_K;
+    const double step = std::max(0.0, predict_step(k, act, pend, bucket, free) - plain_step_ms(1, bucket));
+    const int32_t b = std::clamp(bucket, 0, cost_table::N_BUCKETS - 1);
+    return probe_fixed_ms(step + 2.0 * cold_ms(), b) + probe_run_ms_[b];
+}
+
 int32_t controller::probe_gap_budget(int32_t stream, int32_t bucket) const {
     // steps between probes for them to cost the probe budget of plain decoding, a draft model's catch-up aside
     if (!target_.has_any()) {
         return GAP_MIN;
     }
-    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
-    act[stream] = 1;
-    k[stream] = PROBE_K;
     const double plain = plain_step_ms(1, bucket);
-    const double fixed =
-        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket) - plain) + 2.0 * cold_ms(), bucket) +
-        probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
+    const double fixed = probe_whole_ms(stream, bucket, {});
     return plain > 0.0 ? (int32_t) std::clamp(fixed / (probe_budget(stream) * plain), (double) GAP_MIN, (double) GAP_MAX)
                        : GAP_MIN;
 }
 
 int32_t controller::probe_gap_cap(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const {
     // a probe every g steps costs (fixed + catch-up of min(g, limit) tokens) / g; the smallest g within budget
-    std::vector<int32_t> k(s_.size(), 0), act(s_.size(), 0), pend(s_.size(), 0);
-    act[stream] = 1;
-    k[stream] = PROBE_K;
     const bool is_free = stream < (int32_t) free.size() && free[stream] > 0;
     const double plain = plain_step_ms(1, bucket);
-    // a probe's batch runs cold (its size did not run in the steps before), and so does the plain step after it
-    const double fixed =
-        probe_fixed_ms(std::max(0.0, predict_step(k, act, pend, bucket, free) - plain) + 2.0 * cold_ms(), bucket) +
-        probe_run_ms_[std::clamp(bucket, 0, cost_table::N_BUCKETS - 1)];
+    const double fixed = probe_whole_ms(stream, bucket, free);
     const double per_tok = p_.kind == DRAFTER_MODEL && !is_free ? catchup_token_ms(bucket) : 0.0;
     const int32_t limit = p_.kind == DRAFTER_MODEL ? catchup_limit(bucket) : 0;
     const double budget = probe_budget(stream) * plain;

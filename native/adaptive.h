@@ -388,6 +388,8 @@ private:
     // committed: 3.0% of plain's time on probes against a budget of 2%
     double probe_run_ms_[cost_table::N_BUCKETS] = {};
     double probe_fixed_ms(double predicted, int32_t bucket) const;
+    // a lone stream's probe at PROBE_K beyond plain decoding, whole: its step, the cold plain step after it, its run
+    double probe_whole_ms(int32_t stream, int32_t bucket, const std::vector<int32_t> & free) const;
     int32_t window_of(int32_t cells, int32_t n_tok) const;  // cells: the KV cells in use before the batch
     int32_t runs_in_window(int32_t n_tok, int32_t window) const;
     // what the runs a size still owes in the window of a batch after `cells` cost, per step over the steps left in
