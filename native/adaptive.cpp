@@ -1315,7 +1315,7 @@ int32_t controller::probe_len(int32_t stream, int32_t cap, int32_t bucket, const
         // measured at this size or beyond: the sizes below are interpolated, not guessed. Once is enough where a
         // size's first runs cost what its steady ones do, or where that run is in line with plain decoding's and the
         // probe's costs; else it may have been a first run (a GPU's graph built, run eagerly, captured) and is
-        // measured again: the first run of 9 tokens for the 7B pair on an H100 (23.8 ms, 5.1 steady) ruled drafting
+        // measured again: the first run of 9 tokens for the 7B pair on an H100 (23.8 ms, 7.6 in runs) ruled drafting
         // out for good in 2 of 8 seeds of its replay at p 0.9, where drafting 2 was 1.3 times as fast as plain
         const int32_t top = 1 + std::max(cap, p_.n_max);
         bool once = !first_runs_dear(bucket);
