@@ -1821,9 +1821,10 @@ void controller::observe_probes(const step_obs & o, const step_totals & t) {
         } else if (t.n_active == 1 && t.timed && s.probe_run > 0 && o.t_step_ms > 0.0) {
             // a further step of a probe's run: what it cost beyond plain decoding of the tokens it committed
             const int32_t got = std::min(o.n_accepted[i], o.n_drafted[i]) + 1;
-            const double x = std::max(0.0, o.t_step_ms - got * plain_step_ms(1, t.bucket));
-            s.probe_credit = std::max(s.probe_credit - x, -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
-            s.run_ms += o.t_step_ms - got * plain_step_ms(1, t.bucket);
+            const double beyond = o.t_step_ms - got * plain_step_ms(1, t.bucket);
+            s.probe_credit =
+                std::max(s.probe_credit - std::max(0.0, beyond), -PROBE_CREDIT_MAX * probe_fixed_ms(0.0, t.bucket));
+            s.run_ms += beyond;
         }
         // where the batch change is dear and the drafter reads every target batch, a stay off costs cold runs both
         // ways and a catch-up on return: the probe's own luck (one token, landed or not) is judged with the hope of
