@@ -108,6 +108,10 @@ CASES = {
     # the 27B + DFlash2 on an H100 (n5 and n7 at p 0.8 and 0.9, 256 tokens), the version that does not take a block
     # size's first calls in a KV window for steady runs. Bounds: the same rule
     "h100-27b-dflash2-d0-calls.json.gz": (7, (5, 7), {0.0: 0.97, 0.3: 0.97, 0.6: 0.98, 0.8: 0.97, 0.9: 0.97}),
+    # an H100 with steps that draft nothing no longer rolling back what is not there (the 27B + DFlash2 at 4 096, p 0.3,
+    # 0.6 and 0.9; the 7B pair at p 0.8 and 0.9, 12 rounds; 128 tokens). Bounds: the same rule
+    "h100-27b-dflash2-d4096-h5.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.97, 0.8: 0.97, 0.9: 0.97}),
+    "h100-7b-draft-d0-h5.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.96, 0.9: 0.97}),
     # a CPU: the Qwen2.5-Coder 1.5B + 0.5B pair on 2 cores (real weights, synthetic acceptance, 64 tokens). A verify of
     # 3 tokens costs 2.7 plain steps and a drafted token 0.7, so no fixed length beats plain decoding at any level
     # (n2 0.55x plain at p 0.9): the controller stays with it. Bounds: the same rule
