@@ -16,20 +16,6 @@ namespace pls {
 
 namespace {
 
-// A sequence's positions from p0 on removed from a context's memory (true: done or nothing there). A KV cache's
-// removal scans every cell of the context, whatever it removes (on a GPU machine's host ~16 us a call at 4 096
-// cells: on every step, a share of a plain step that grows with the context), so where this step wrote no row
-// past p0 for the sequence (drafted_nothing: no draft decoded, not a replay) and the memory's last position of
-// the sequence lies before p0, there is nothing to remove and no call. The first condition is what makes the
-// second exact for a hybrid memory, whose last position is the lesser of its two parts'.
-bool seq_rm_tail(llama_context * ctx, llama_seq_id seq, llama_pos p0, bool drafted_nothing) {
-    llama_memory_t mem = llama_get_memory(ctx);
-    if (drafted_nothing && llama_memory_seq_pos_max(mem, seq) < p0) {
-        return true;
-    }
-    return llama_memory_seq_rm(mem, seq, p0, -1);
-}
-
 // one verify step that committed tokens: a replay after a checkpoint restore is not a new step
 void count_step(pls_stats & st, size_t n_draft, size_t n_accepted) {
     st.n_steps++;
@@ -527,7 +513,7 @@ void prepare_verify(pls_session & s) {
             if (s.use_ckpt_dft && st.k > 0) {
                 st.ckpt.load_dft(ctx_dft, st.seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
             }
-            seq_rm_tail(ctx_dft, st.seq, st.ckpt.pos_max + 1, st.k == 0);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.ckpt.pos_max + 1, -1);
         }
     }
 }
@@ -783,8 +769,7 @@ void commit_tokens(pls_session & s, stream_state & st, const llama_tokens & ids,
 void roll_back(pls_session & s, stream_state & st, size_t n_draft, size_t n_accepted, bool replay) {
     llama_context * ctx_dft = s.ctx_dft.get();
     scoped_timer t(s.stats.t_rollback_ms);
-    const bool drafted_nothing = n_draft == 0 && !replay;
-    if (!seq_rm_tail(s.ctx_tgt.get(), st.seq, st.n_past, drafted_nothing)) {
+    if (!llama_memory_seq_rm(llama_get_memory(s.ctx_tgt.get()), st.seq, st.n_past, -1)) {
         fail(PLS_ERR_DECODE, "rollback of the target to position " + std::to_string(st.n_past) + " was refused");
     }
     if (s.own_draft_model) {
@@ -800,7 +785,7 @@ void roll_back(pls_session & s, stream_state & st, size_t n_draft, size_t n_acce
         }
         decode_or_throw(ctx_dft, kept, "drafter catch-up");
     } else if (ctx_dft) {
-        seq_rm_tail(ctx_dft, st.seq, st.n_past, drafted_nothing);
+        llama_memory_seq_rm(llama_get_memory(ctx_dft), st.seq, st.n_past, -1);
     }
 }
 
