@@ -84,6 +84,7 @@ constexpr int32_t WHOLE_MIN = 6;
 constexpr int32_t EXPLORE_RUN = 12;
 constexpr int32_t EXPLORE_RUN_PARTS = STEADY_RUN + 2;  // a feature-reading drafter's try: steady runs of its parts
 constexpr int32_t OWN_RUNS = EXPLORE_RUN_PARTS - 1;  // a pooled cost table's size priced by its own runs from this many
+constexpr double THIN_TRIALS = 1.0;       // a position judged fewer times than this (decayed) is tried where close
 constexpr double EXPLORE_CLOSE = 0.95;    // a longer length is tried in a run where its rate by the parts is this close
 constexpr double HOLD_MARGIN = 0.03;      // a lone stream leaves its draft length for one priced better by this
 // or for one that leads it step after step by less (switch_lead): what it would have saved, less HOLD_DRIFT of each
@@ -715,11 +716,27 @@ double controller::draft_first_cost(int32_t rows, int32_t bucket) const {
     // a step's first draft decode costs about what a further decode costs, plus what each row it catches up
     // costs: held to that, so its one-off runs (a probe after plain steps; on a GPU its graph runs eagerly or is
     // captured) do not price the drafting of a run
-    const double f = draft_first_.predict(rows, bucket);
+    double f = draft_first_.predict(rows, bucket);
+    const double rest_steady = draft_rest_.steady_cost(rows, bucket);
+    if (draft_first_.steady_cost(rows, bucket) < 0.0 && rest_steady >= 0.0) {
+        f = std::min(f, rest_steady);  // the same graph as a further decode of as many rows, measured in runs
+    }
     if (!draft_rest_.measured_upto(1, bucket, 2)) {
         return f;
     }
-    return std::min(f, draft_rest_.predict(1, bucket) + catchup_token_ms(bucket) * std::max(0, rows - 1));
+    // (two rows at most: a lone stream's in a run, its draft landed whole or not)
+    const double per_row = rows <= 2 ? run_row_ms(bucket) : catchup_token_ms(bucket);
+    return std::min(f, draft_rest_cost(1, bucket) + per_row * std::max(0, rows - 1));
+}
+
+double controller::draft_rest_cost(int32_t rows, int32_t bucket) const {
+    // a further decode of n rows runs the graph a first decode of n rows does (one row per stream, most times): where
+    // only the first decode was measured in runs, that run prices it - on a GPU, further decodes of a size are first
+    // runs of their own only in the drafts longer than the stream's run (its probes), and a one-off's price (the 7B
+    // pair's draft model on an H100: 2.5 ms a row, 1.3 in runs) kept a stream at drafting 1 where 2 was 8% faster
+    const double r = draft_rest_.predict(rows, bucket);
+    const double first_steady = draft_first_.steady_cost(rows, bucket);
+    return draft_rest_.steady_cost(rows, bucket) < 0.0 && first_steady >= 0.0 ? std::min(r, first_steady) : r;
 }
 
 double controller::catchup_token_ms(int32_t bucket) const {
@@ -727,6 +744,22 @@ double controller::catchup_token_ms(int32_t bucket) const {
     const double one = draft_first_.predict(1, bucket);
     const double more = draft_first_.predict(1 + 64, bucket);
     return std::max(0.0, (more - one) / 64);
+}
+
+double controller::run_row_ms(int32_t bucket) const {
+    // what the draft landed whole adds to a run's first decode (its last token, caught up beside the committed one).
+    // Where a size's first runs are dear (a GPU's graphs), the catch-ups it is learnt from (a size's first runs, most
+    // of them) say little of it: there a row adds to the draft model's batch what it adds to the target's in runs, in
+    // proportion (the draft model's batches are a target's in small). Priced by catch-ups, the 7B pair's draft model
+    // on an H100 added 1.9 ms for that token (its 2-row decodes in runs cost what 1-row ones do, 1.3), and a stream at
+    // p 0.8 stayed plain where drafting 2 was 17% faster
+    const double learnt = catchup_token_ms(bucket);
+    const double t1 = target_.predict(1, bucket);
+    const double tn = target_.predict(1 + p_.n_max, bucket);
+    if (!first_runs_dear(bucket) || !(t1 > 0.0) || !(tn > 0.0) || !target_.measured_for(1, bucket, 2)) {
+        return learnt;
+    }
+    return std::min(learnt, std::max(0.0, tn - t1) / p_.n_max / t1 * draft_rest_cost(1, bucket));
 }
 
 int32_t controller::catchup_limit(int32_t bucket) const {
@@ -775,7 +808,7 @@ double controller::predict_step(const std::vector<int32_t> & k, const std::vecto
                 for (size_t i = 0; i < k.size(); ++i) {
                     n_it += active[i] && k[i] > it && !(i < free.size() && free[i] > 0);
                 }
-                ms += draft_rest_.predict(n_it, bucket);
+                ms += draft_rest_cost(n_it, bucket);
             }
             break;
         default:
@@ -1153,7 +1186,15 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
             continue;
         }
         s.explore_left = 0;
-        if (best[i] < top && (rng_() % one_in) == 0) {
+        // a lone stream beside a draft model tries the next position at once where that length is predicted close to
+        // the best one's and the position was hardly ever judged (its hazard is the stream's rate at its other
+        // positions, or one old draft's luck): by lottery alone, where tries are dear, it would wait for hundreds of
+        // steps - the 7B pair's H100 replay at p 0.9 drafted 1 through whole answers, one rejection at position 2 in a
+        // probe of 4 pricing 2 at 0.99 of 1, where 2 was 8% faster a token
+        const bool thin = p_.kind == DRAFTER_MODEL && v.n_active == 1 && best[i] > 0 && best[i] < top &&
+                          best[i] + 1 < (int32_t) lone_rate.size() && best[i] < (int32_t) s.h().tri.size() &&
+                          s.h().tri[best[i]] < THIN_TRIALS && lone_rate[best[i] + 1] >= EXPLORE_CLOSE * lone_rate[best[i]];
+        if (best[i] < top && (thin || (rng_() % one_in) == 0)) {
             // (a lone stream beside a drafter of its own length does not try a position whose costs were measured in
             // runs and could not pay were it to land every time: its rate by the parts is at most its hazard's inverse
             // higher. The 35B-A3B at p 0.9 on an H200's costs tried 8 past the cost cliff at 9 rows - 14 ms against 8
@@ -1773,6 +1814,10 @@ bool controller::probe_pays(const step_obs & o, const step_totals & t, int32_t i
                 others += surv;
             }
         }
+    }
+    // priced as the next step will be: a draft model whose draft landed whole catches up one token more
+    for (int32_t j = 0; j < n && p_.kind == DRAFTER_MODEL; ++j) {
+        pend[j] = act[j] && o.n_drafted[j] > 0 && o.n_accepted[j] >= o.n_drafted[j] ? 1 : 0;
     }
     std::vector<int32_t> free_i(n, 0);
     free_i[i] = s_[i].src;

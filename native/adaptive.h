@@ -214,6 +214,9 @@ public:
     double catchup_token_ms(int32_t bucket) const;
     // a draft model's first decode of a step, of this many rows (one per stream drafting, plus what they catch up)
     double draft_first_cost(int32_t rows, int32_t bucket) const;
+    // a draft model's further decode of this many rows; what a row adds to a lone stream's first decode in a run
+    double draft_rest_cost(int32_t rows, int32_t bucket) const;
+    double run_row_ms(int32_t bucket) const;
     double overhead_ms() const { return overhead_spec_; }
     double cold_ms() const { return cold_seen_ ? std::max(0.0, cold_ms_) : 0.0; }
     double plain_ms_per_token(int32_t bucket) const;
