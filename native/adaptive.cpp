@@ -920,6 +920,7 @@ bool controller::calibrating(const step_view & v, const std::vector<int32_t> & a
     }
     if (any_on && since_plain_ >= PLAIN_REFRESH && plain_owed_ == 0) {
         plain_owed_ = STEADY_RUN;  // a run of plain steps: a steady one refreshes the plain cost at this depth
+        refreshed_ = true;
     }
     // (a size seen a few times counts as calibrated too: batches that change size every step - streams joining and
     // leaving - must not hold speculation off)
@@ -1047,7 +1048,10 @@ std::vector<int32_t> controller::best_lengths(const step_view & v, const std::ve
     // long - lengths are compared without it (priced into each, a cost as dear as a few steps favoured the longest
     // draft: replayed over the 27B + DFlash2's H200 costs, it took up 7 after a prompt's first plain steps and held
     // it, where 5 was 5% better a token)
-    const bool from_plain = tok_from == v.n_active;
+    // - but not after the plain steps of a refresh of the plain cost, which streams that were drafting pay as the
+    // refresh's cost: charged to their return, a pair that paid 15% over plain decoding (the 7B pair on an H100 at
+    // p 0.8) found no length paying the change back in one step, and went plain until its probes turned it on again
+    const bool from_plain = tok_from == v.n_active && !refreshed_;
     // and a size that has not run twice in this KV window yet owes its first runs there (a GPU's graph built, run
     // eagerly, captured): spread over the steps left in the window, so a length is left for a new size only where
     // it gains more than that within the window
@@ -1288,6 +1292,7 @@ void controller::choose(const std::vector<int32_t> & caps, const std::vector<int
     std::vector<double> lone_rate;
     lead_view lead;
     std::vector<int32_t> best = best_lengths(v, active, pending, k, expect, cap, lone_rate, lead);
+    refreshed_ = false;
     switch_lead(lead, best);
     follow_choice(v, active, best, cap, lone_rate);
     since_plain_++;
@@ -1689,7 +1694,7 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
             const int32_t window = window_of(t.cells, 1);
             if (t.n_model > 0) {
                 const int32_t runs = note_run(draft_runs_, t.first, window_of(t.cells, t.first));
-                draft_first_.observe(t.first, t.bucket, o.t_draft_first_ms, !dear || runs >= 2, dear && runs < 2);
+                draft_first_.observe(t.first, t.bucket, o.t_draft_first_ms, runs >= 2, dear && runs < 2);
             }
             if (t.n_model > 0 && o.n_draft_iters > 0) {
                 const int32_t per_iter = std::max(1, (int32_t) std::lround((double) t.rest_rows / o.n_draft_iters));
@@ -1697,7 +1702,7 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
                 if (o.n_draft_iters > 1) {
                     note_run(draft_runs_, per_iter, window);  // (a count that stops at 2: one more run says the rest)
                 }
-                draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters, !dear || runs >= 2,
+                draft_rest_.observe(per_iter, t.bucket, o.t_draft_rest_ms / o.n_draft_iters, runs >= 2,
                                     dear && runs < 2);
             }
             draft_ms = o.t_draft_first_ms + o.t_draft_rest_ms + o.t_draft_call_ms;  // lookups beside the model

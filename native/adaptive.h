@@ -405,6 +405,7 @@ private:
     int32_t steps_ = 0;
     uint64_t chosen_ = 0;            // choose() calls (a schedule's position)
     int32_t since_plain_ = 0;        // steps since the last plain step (to refresh the plain cost)
+    bool refreshed_ = false;         // the plain steps just run were a refresh's, while streams drafted
     int32_t plain_owed_ = 0;         // plain steps to run first (after the ledger stopped drafting, or to refresh)
     std::mt19937 rng_;
     controller_counters counters_;

@@ -112,6 +112,8 @@ CASES = {
     # 0.6 and 0.9; the 7B pair at p 0.8 and 0.9, 12 rounds; 128 tokens). Bounds: the same rule
     "h100-27b-dflash2-d4096-h5.json.gz": (7, (3, 5, 7), {0.0: 0.96, 0.3: 0.96, 0.6: 0.97, 0.8: 0.97, 0.9: 0.97}),
     "h100-7b-draft-d0-h5.json.gz": (8, (2, 4), {0.0: 0.97, 0.3: 0.97, 0.6: 0.96, 0.8: 0.96, 0.9: 0.97}),
+    # the 7B pair on an H100 with a draft model priced as its runs go (every level, 128 tokens). Bounds: the same rule
+    "h100-7b-draft-d0-h6.json.gz": (8, (2, 4), {0.0: 0.96, 0.3: 0.96, 0.6: 0.97, 0.8: 0.96, 0.9: 0.97}),
     # a CPU: the Qwen2.5-Coder 1.5B + 0.5B pair on 2 cores (real weights, synthetic acceptance, 64 tokens). A verify of
     # 3 tokens costs 2.7 plain steps and a drafted token 0.7, so no fixed length beats plain decoding at any level
     # (n2 0.55x plain at p 0.9): the controller stays with it. Bounds: the same rule
@@ -411,8 +413,10 @@ def test_a_length_that_leads_the_one_held_step_after_step_is_taken_within_the_an
         n5 = replay.simulate(model, "n5", acc, 7, n_predict=512, generations=1, seed=seed)
         short.append(sum(n for k, n in res.k_hist.items() if 0 < k <= 3) / sum(res.k_hist.values()))
         vs_n5.append(n5.ms_per_token / res.ms_per_token)
-    assert statistics.mean(short) <= 0.65, short  # (0.55 now; 0.88 held by the margin alone)
-    assert statistics.mean(vs_n5) >= 0.895, vs_n5  # (0.91 now; 0.88 held by the margin alone)
+    # (0.46 and 0.895 now; 0.53 and 0.897 before the return from a refresh of the plain cost was no longer charged the
+    # change from plain decoding)
+    assert statistics.mean(short) <= 0.65, short  # (0.88 held by the margin alone)
+    assert statistics.mean(vs_n5) >= 0.89, vs_n5  # (0.88 held by the margin alone)
 
 
 def test_an_answers_last_tokens_do_not_measure_the_sizes_their_shrinking_cap_makes_best():
