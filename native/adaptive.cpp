@@ -1685,11 +1685,13 @@ void controller::observe_costs(const step_obs & o, const step_totals & t) {
     double draft_ms = 0.0;
     if (t.n_drafting > 0) {
         if (p_.kind == DRAFTER_MODEL) {
-            // the draft model's batches are a target's in small: where a size's first runs in a window are dear (a
-            // GPU's), they are not what the size costs in a run of drafts. Taken for it, they priced drafting out:
-            // the 7B pair's drafter on an H100 decoded 1-2 rows in 3-5 ms on its first two runs against 1.2-1.5 ms
-            // after, and probes - whose decodes are first runs, most of them - kept the stream plain at an acceptance
-            // of 0.8, where drafting 2 was 15% faster
+            // the draft model's batches are a target's in small: a size's first two runs in a window are not steady
+            // (on a GPU they are dear, and not what the size costs in a run of drafts). Taken for it, they priced
+            // drafting out: the 7B pair's drafter on an H100 decoded 1-2 rows in 3-5 ms on its first two runs against
+            // 1.2-1.5 ms after, and probes - whose decodes are first runs, most of them - kept the stream plain at an
+            // acceptance of 0.8, where drafting 2 was 15% faster. Counted as runs only where such runs were known to be
+            // dear, a probe of 8's further decodes at 16 384 (3.7 ms a row against 1.6), before that was known, set the
+            // price of a decode of 1 for good
             const bool dear = first_runs_dear(t.bucket);
             const int32_t window = window_of(t.cells, 1);
             if (t.n_model > 0) {

@@ -495,6 +495,31 @@ def test_a_draft_model_priced_only_by_its_catch_ups_is_not_judged_hopeless():
     assert (sim.plain_ms - plain0) / (sim.time_ms - t0) >= 1.3
 
 
+def test_drafting_resumes_right_after_a_refresh_of_the_plain_cost():
+    # every 128 steps of drafting a few plain steps re-measure plain decoding. Where a change of batch size runs cold
+    # (a GPU's), the return to drafting after them was charged that change in one step: a pair 15% over plain decoding
+    # found no length paying it back, went plain, and waited for a probe (8 plain steps after each refresh, not 3)
+    m = Machine(base=3.2, per_token=0.35, draft_first=1.3, draft_token=1.3, catchup_token=0.05, overhead=0.05)
+    after_refresh = []
+    for seed in (1, 2, 3, 4):
+        sim = Sim(m, n_max=8, cold_ms=3.0, seed=seed).run(800, 0.8)
+        ks = [k[0] for k in sim.ks]
+        i = streak = 0
+        while i < len(ks):
+            if ks[i] > 0:
+                streak, i = streak + 1, i + 1
+                continue
+            j = i
+            while j < len(ks) and ks[j] == 0:
+                j += 1
+            if streak >= 120 and j < len(ks):
+                after_refresh.append(j - i)  # plain steps after a long run of drafting (a refresh, most of them)
+            streak, i = 0, j
+        assert sim.plain_ms / sim.time_ms > 1.1
+    assert len(after_refresh) >= 12
+    assert sum(1 for n in after_refresh if n <= 3) >= 0.75 * len(after_refresh), after_refresh  # (16 of 18 now; 0)
+
+
 def test_seeded_costs_skip_the_learning_and_keep_a_pair_that_pays():
     hopeless = Sim(CPU_LINEAR, seed=3).run(300, 1.0)
     seeded = Sim(CPU_LINEAR, seed=4)
