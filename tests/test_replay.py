@@ -517,12 +517,17 @@ def test_a_ceilings_one_dear_run_does_not_rule_drafting_out_for_good():
     # land, and the stream never drafted again: at p 0.9, where n2 runs 1.3x plain, seeds 3 and 6 of this bench-shaped
     # replay (one 128-token answer a round, 8 rounds) stayed plain throughout (0.78 and 0.77 of n2). A single run far
     # above the line through plain decoding's and the probe's costs is measured again before that verdict
-    arms = [a for n in ("h100-7b-draft-d0-h3c.json.gz", "h100-7b-draft-d0-h3.json.gz") for a in trace.load(TRACES / n)]
-    model = replay.CostModel.from_arms(arms, depth=0)
-    for seed in (3, 6):
-        result = replay.grid(model, 8, [0.9], (2, 4), n_predict=128, generations=1, rounds=8, seed=seed)
-        row = replay.summarize(result)[0]
+    for seed, row in bench_shaped_7b(("h100-7b-draft-d0-h3c.json.gz", "h100-7b-draft-d0-h3.json.gz"), 0.9, (3, 6)):
         assert row["adaptive_x_best"] >= 0.95, (seed, row)  # (0.98 and 1.00 now)
+
+
+def bench_shaped_7b(names: tuple[str, ...], level: float, seeds: tuple[int, ...]):
+    """The H100 7B pair's traces replayed as the bench runs it (one 128-token answer a round, 8 rounds): (seed, row)."""
+    arms = [a for n in names for a in trace.load(TRACES / n)]
+    model = replay.CostModel.from_arms(arms, depth=0)
+    for seed in seeds:
+        result = replay.grid(model, 8, [level], (2, 4), n_predict=128, generations=1, rounds=8, seed=seed)
+        yield seed, replay.summarize(result)[0]
 
 
 def test_a_probes_verdict_and_the_next_choice_price_the_draft_models_catch_up_alike():
@@ -531,11 +536,7 @@ def test_a_probes_verdict_and_the_next_choice_price_the_draft_models_catch_up_al
     # catches up after a draft that landed whole by the catch-ups after plain steps (each a batch size's first run:
     # 1.9 ms a row, where a 2-row decode in a run costs what a 1-row one does). Seed 4 of this bench-shaped replay
     # stayed plain in every round (0.83 of n2; 0.95 seed 3)
-    arms = [a for n in ("h100-7b-draft-d0-h5.json.gz", "h100-7b-draft-d0-h3c.json.gz") for a in trace.load(TRACES / n)]
-    model = replay.CostModel.from_arms(arms, depth=0)
-    for seed in (3, 4):
-        result = replay.grid(model, 8, [0.8], (2, 4), n_predict=128, generations=1, rounds=8, seed=seed)
-        row = replay.summarize(result)[0]
+    for seed, row in bench_shaped_7b(("h100-7b-draft-d0-h5.json.gz", "h100-7b-draft-d0-h3c.json.gz"), 0.8, (3, 4)):
         assert row["adaptive_x_best"] >= 0.97, (seed, row)  # (0.99 and 1.00 now)
 
 
