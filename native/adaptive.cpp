@@ -756,7 +756,7 @@ double controller::run_row_ms(int32_t bucket) const {
     const double learnt = catchup_token_ms(bucket);
     const double t1 = target_.predict(1, bucket);
     const double tn = target_.predict(1 + p_.n_max, bucket);
-    if (!first_runs_dear(bucket) || !(t1 > 0.0) || !(tn > 0.0) || !target_.measured_for(1, bucket, 2)) {
+    if (p_.n_max < 1 || !first_runs_dear(bucket) || !(t1 > 0.0) || !(tn > 0.0) || !target_.measured_for(1, bucket, 2)) {
         return learnt;
     }
     return std::min(learnt, std::max(0.0, tn - t1) / p_.n_max / t1 * draft_rest_cost(1, bucket));
