@@ -712,15 +712,21 @@ std::vector<double> controller::pooled_hazards() const {
     return out;
 }
 
+// A draft model's first and further decodes of n rows run one graph (one row per stream, most times): where one of the
+// two tables has no steady run of the size and the other has, that run caps its price. On a GPU a size's further
+// decodes are first runs of their own only in drafts longer than the stream's run (its probes), and a one-off's price
+// (the 7B pair's draft model on an H100: 2.5 ms a row, 1.3 in runs) kept a stream at drafting 1 where 2 was 8% faster
+static double same_graph_cost(const cost_table & own, const cost_table & other, int32_t rows, int32_t bucket) {
+    const double p = own.predict(rows, bucket);
+    const double run = other.steady_cost(rows, bucket);
+    return own.steady_cost(rows, bucket) < 0.0 && run >= 0.0 ? std::min(p, run) : p;
+}
+
 double controller::draft_first_cost(int32_t rows, int32_t bucket) const {
     // a step's first draft decode costs about what a further decode costs, plus what each row it catches up
     // costs: held to that, so its one-off runs (a probe after plain steps; on a GPU its graph runs eagerly or is
     // captured) do not price the drafting of a run
-    double f = draft_first_.predict(rows, bucket);
-    const double rest_steady = draft_rest_.steady_cost(rows, bucket);
-    if (draft_first_.steady_cost(rows, bucket) < 0.0 && rest_steady >= 0.0) {
-        f = std::min(f, rest_steady);  // the same graph as a further decode of as many rows, measured in runs
-    }
+    const double f = same_graph_cost(draft_first_, draft_rest_, rows, bucket);
     if (!draft_rest_.measured_upto(1, bucket, 2)) {
         return f;
     }
@@ -730,13 +736,7 @@ double controller::draft_first_cost(int32_t rows, int32_t bucket) const {
 }
 
 double controller::draft_rest_cost(int32_t rows, int32_t bucket) const {
-    // a further decode of n rows runs the graph a first decode of n rows does (one row per stream, most times): where
-    // only the first decode was measured in runs, that run prices it - on a GPU, further decodes of a size are first
-    // runs of their own only in the drafts longer than the stream's run (its probes), and a one-off's price (the 7B
-    // pair's draft model on an H100: 2.5 ms a row, 1.3 in runs) kept a stream at drafting 1 where 2 was 8% faster
-    const double r = draft_rest_.predict(rows, bucket);
-    const double first_steady = draft_first_.steady_cost(rows, bucket);
-    return draft_rest_.steady_cost(rows, bucket) < 0.0 && first_steady >= 0.0 ? std::min(r, first_steady) : r;
+    return same_graph_cost(draft_rest_, draft_first_, rows, bucket);
 }
 
 double controller::catchup_token_ms(int32_t bucket) const {
@@ -1195,7 +1195,7 @@ void controller::follow_choice(const step_view & v, const std::vector<int32_t> &
         // positions, or one old draft's luck): by lottery alone, where tries are dear, it would wait for hundreds of
         // steps - the 7B pair's H100 replay at p 0.9 drafted 1 through whole answers, one rejection at position 2 in a
         // probe of 4 pricing 2 at 0.99 of 1, where 2 was 8% faster a token
-        const bool thin = p_.kind == DRAFTER_MODEL && v.n_active == 1 && best[i] > 0 && best[i] < top &&
+        const bool thin = p_.kind == DRAFTER_MODEL && v.n_active == 1 && best[i] > 0 &&
                           best[i] + 1 < (int32_t) lone_rate.size() && best[i] < (int32_t) s.h().tri.size() &&
                           s.h().tri[best[i]] < THIN_TRIALS && lone_rate[best[i] + 1] >= EXPLORE_CLOSE * lone_rate[best[i]];
         if (best[i] < top && (thin || (rng_() % one_in) == 0)) {
